@@ -1,0 +1,3 @@
+"""metrale-bench."""
+
+__all__: list[str] = []

@@ -1,0 +1,21 @@
+"""Rotary embedding parameters as real configs declare them."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class RopeScaling:
+    """One rotary scaling rule: ``rope_type`` is ``default``, ``linear``, ``dynamic`` or ``llama3``.
+
+    ``factor`` applies to ``linear``, ``dynamic`` and ``llama3``; the ``*_freq_factor`` fields and
+    ``original_max_position_embeddings`` to ``llama3`` (and ``dynamic``, which also reads the
+    model's ``max_position_embeddings``).
+    """
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None

@@ -1,0 +1,3 @@
+"""metrale-model-arch."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""metrale-server."""
+
+__all__: list[str] = []
