@@ -1,3 +1,5 @@
-"""metrale-bench."""
+"""Metrale benchmark wire types and harness (talks to servers over HTTP; never imports torch)."""
 
-__all__: list[str] = []
+from metrale_bench.host import HostDescription, describe_host
+
+__all__ = ["HostDescription", "describe_host"]

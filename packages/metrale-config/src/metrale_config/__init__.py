@@ -1,9 +1,25 @@
 """Metrale model configs and environment levers."""
 
 from metrale_config.errors import ConfigError, UndeclaredLeverError
+from metrale_config.gguf_header import GgufHeader, GgufTensorInfo, read_gguf_header
+from metrale_config.hf_config import normalize_model_type
+from metrale_config.levers import (
+    LEVERS,
+    Lever,
+    check_environment,
+    read_bool_lever,
+    read_int_lever,
+    read_lever,
+    read_str_lever,
+)
 from metrale_config.model_config import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+    SPARSE_ATTENTION,
     DsaConfig,
     LinearAttentionConfig,
+    MhcConfig,
     MlaConfig,
     ModelConfig,
     MoeConfig,
@@ -12,13 +28,29 @@ from metrale_config.model_config import (
 from metrale_config.rope import RopeScaling
 
 __all__ = [
+    "FULL_ATTENTION",
+    "LEVERS",
+    "LINEAR_ATTENTION",
+    "SLIDING_ATTENTION",
+    "SPARSE_ATTENTION",
     "ConfigError",
     "DsaConfig",
+    "GgufHeader",
+    "GgufTensorInfo",
+    "Lever",
     "LinearAttentionConfig",
+    "MhcConfig",
     "MlaConfig",
     "ModelConfig",
     "MoeConfig",
     "MtpConfig",
     "RopeScaling",
     "UndeclaredLeverError",
+    "check_environment",
+    "normalize_model_type",
+    "read_bool_lever",
+    "read_gguf_header",
+    "read_int_lever",
+    "read_lever",
+    "read_str_lever",
 ]

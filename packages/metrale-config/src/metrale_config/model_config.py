@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import attrs
 
 from metrale_config.rope import RopeScaling
+
+if TYPE_CHECKING:
+    from metrale_config.gguf_header import GgufHeader
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -31,7 +38,7 @@ class MoeConfig:
 
 @attrs.frozen(kw_only=True)
 class MlaConfig:
-    """Multi-head latent attention: the cache holds ``kv_lora_rank + qk_rope_head_dim`` per token."""
+    """Multi-head latent attention: the cache holds ``kv_lora_rank + qk_rope_head_dim`` a token."""
 
     q_lora_rank: int | None
     kv_lora_rank: int
@@ -72,12 +79,27 @@ class MtpConfig:
 
 
 @attrs.frozen(kw_only=True)
+class MhcConfig:
+    """Manifold-constrained hyper-connections (glm5_next): ``num_streams`` residual vectors."""
+
+    num_streams: int
+    eps: float = 1e-6
+    num_sinkhorn_iters: int = 20
+
+
+@attrs.frozen(kw_only=True)
 class ModelConfig:
     """A model's architecture, as read from ``config.json`` or GGUF metadata.
 
     Build one with ``ModelConfig.from_hf_config(path)``, ``from_hf_dict(d, source=...)`` or
-    ``from_gguf(path)``; derive variants with ``attrs.evolve``. ``layer_types`` always has
-    ``num_hidden_layers`` entries.
+    ``from_gguf(path)``; derive variants with ``attrs.evolve``. Parsed configs are validated:
+    ``layer_types`` (and ``moe.mlp_layer_types``, ``dsa.indexer_types``) have
+    ``num_hidden_layers`` entries, sizes are positive, heads divide by kv heads.
+
+    ``source`` says where the config came from (``config.json at /x/config.json``, ``GGUF file
+    at /x/m.gguf``) and starts every error message. ``rope_scaling`` is ``None`` for plain RoPE.
+    For MLA models (glm5_next) ``head_dim`` is the query/key head dim
+    ``qk_nope_head_dim + qk_rope_head_dim``; ``mla`` holds the rest.
     """
 
     source: str
@@ -112,7 +134,50 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     mtp: MtpConfig | None = None
     quantization_method: str | None = None
+    mhc: MhcConfig | None = None
+    # Clamp of the SwiGLU gate/up activations (glm5_next); None means unclamped.
+    swiglu_limit: float | None = None
+
+    @classmethod
+    def from_hf_config(cls, path: str | os.PathLike[str]) -> ModelConfig:
+        """Parse a ``config.json`` file, or the one inside the directory ``path``.
+
+        Raises ``ConfigError`` naming the file for a missing file, invalid JSON, an unsupported
+        ``model_type`` or any missing, mistyped or inconsistent field.
+        """
+        from metrale_config.hf_config import model_config_from_hf_file
+
+        return model_config_from_hf_file(path)
+
+    @classmethod
+    def from_hf_dict(cls, data: Mapping[str, object], *, source: str) -> ModelConfig:
+        """Parse an already-loaded ``config.json`` object; ``source`` starts every error message."""
+        from metrale_config.hf_config import model_config_from_hf_dict
+
+        return model_config_from_hf_dict(data, source=source)
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str]) -> ModelConfig:
+        """Parse the metadata of a GGUF file (``general.architecture`` llama, qwen2 or qwen3)."""
+        from metrale_config.gguf_config import model_config_from_gguf
+
+        return model_config_from_gguf(path)
+
+    @classmethod
+    def from_gguf_header(cls, header: GgufHeader) -> ModelConfig:
+        """Build the config from an already-read GGUF header."""
+        from metrale_config.gguf_config import model_config_from_gguf_header
+
+        return model_config_from_gguf_header(header)
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def num_layers_of_type(self, layer_type: str) -> int:
+        """How many layers have ``layer_type`` (e.g. ``FULL_ATTENTION``)."""
+        return sum(1 for kind in self.layer_types if kind == layer_type)

@@ -11,7 +11,8 @@ class RopeScaling:
 
     ``factor`` applies to ``linear``, ``dynamic`` and ``llama3``; the ``*_freq_factor`` fields and
     ``original_max_position_embeddings`` to ``llama3`` (and ``dynamic``, which also reads the
-    model's ``max_position_embeddings``).
+    model's ``max_position_embeddings``). Parsers keep any other ``rope_type`` (``yarn``,
+    ``longrope``, GGUF's ``gguf_rope_freqs``) with its ``factor``, for the family to refuse.
     """
 
     rope_type: str = "default"

@@ -55,7 +55,13 @@ def build_attention_metadata(
     block_size: int,
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
-    """Flatten per-sequence block tables and lengths into the tensors the ops read."""
+    """Flatten per-sequence block tables and lengths into the tensors the ops read.
+
+    Raises ``ValueError`` when the lists differ in length, a query length is outside
+    ``1..seq_len``, a table has too few blocks for its context, or ``block_size < 1``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
     if not (len(block_tables) == len(seq_lens) == len(query_lens)):
         raise ValueError("block_tables, seq_lens and query_lens must have one entry per sequence")
     slots: list[int] = []
@@ -74,7 +80,9 @@ def build_attention_metadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         query_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
         seq_lens_tensor=torch.tensor(list(seq_lens), dtype=torch.int64, device=device),
-        block_tables=torch.tensor(padded, dtype=torch.int64, device=device).reshape(len(padded), width),
+        block_tables=torch.tensor(padded, dtype=torch.int64, device=device).reshape(
+            len(padded), width
+        ),
         query_lens=tuple(int(q) for q in query_lens),
         seq_lens=tuple(int(s) for s in seq_lens),
         block_size=block_size,

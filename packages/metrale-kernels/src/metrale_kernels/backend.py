@@ -30,7 +30,7 @@ class KernelBackend(Protocol):
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q (tokens, heads, head_dim)`` and ``k (tokens, kv_heads, head_dim)`` by position.
+        """Rotate ``q (tokens, heads, head_dim)``, ``k (tokens, kv_heads, head_dim)`` by position.
 
         ``cos_sin_cache`` is ``(max_positions, head_dim)``: cos in the first half, sin in the
         second (half-rotation, "neox" layout, as HF Llama applies it).

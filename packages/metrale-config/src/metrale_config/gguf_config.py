@@ -1,0 +1,97 @@
+"""GGUF metadata → ``ModelConfig`` for the llama-like architectures (llama, qwen2, qwen3)."""
+
+from __future__ import annotations
+
+import os
+
+from metrale_config.errors import ConfigError
+from metrale_config.gguf_header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
+from metrale_config.hf_fields import FieldReader
+from metrale_config.model_config import FULL_ATTENTION, ModelConfig
+from metrale_config.rope import RopeScaling
+from metrale_config.validation import validate_model_config
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
+# config records it as a rope_type no family implements, so a family refuses it rather than
+# running with the wrong frequencies.
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+GGUF_ROPE_FREQS_TYPE = "gguf_rope_freqs"
+
+
+def model_config_from_gguf(path: str | os.PathLike[str]) -> ModelConfig:
+    return model_config_from_gguf_header(read_gguf_header(path))
+
+
+def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
+    """Raise ``ConfigError`` naming the file for an unsupported architecture or a bad key."""
+    reader = FieldReader(source=header.source, data=header.fields)
+    arch = reader.string(ARCHITECTURE_KEY)
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ConfigError(
+            f"{header.source}: unsupported {ARCHITECTURE_KEY} '{arch}'; "
+            f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+    hidden_size = reader.integer(f"{arch}.embedding_length")
+    num_heads = reader.integer(f"{arch}.attention.head_count")
+    if num_heads <= 0:
+        raise reader.error(f"{arch}.attention.head_count", f"must be positive, got {num_heads}")
+    num_layers = reader.integer(f"{arch}.block_count")
+    max_position_embeddings = reader.integer(f"{arch}.context_length")
+    config = ModelConfig(
+        source=header.source,
+        model_type=arch,
+        vocab_size=_vocab_size(reader, header, arch),
+        hidden_size=hidden_size,
+        intermediate_size=reader.integer(f"{arch}.feed_forward_length"),
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=reader.integer(f"{arch}.attention.head_count_kv", num_heads),
+        head_dim=reader.integer(f"{arch}.attention.key_length", hidden_size // num_heads),
+        rms_norm_eps=reader.number(f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=reader.number(f"{arch}.rope.freq_base", 10000.0),
+        rope_scaling=_rope_scaling(reader, header, arch),
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=not header.has_tensor("output.weight"),
+        qkv_bias=header.has_tensor("blk.0.attn_q.bias"),
+        o_proj_bias=header.has_tensor("blk.0.attn_output.bias"),
+        mlp_bias=header.has_tensor("blk.0.ffn_up.bias"),
+        qk_norm=header.has_tensor("blk.0.attn_q_norm.weight"),
+        bos_token_id=reader.optional_integer("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=reader.optional_integer_list("tokenizer.ggml.eos_token_id") or (),
+        pad_token_id=reader.optional_integer("tokenizer.ggml.padding_token_id"),
+        layer_types=(FULL_ATTENTION,) * num_layers,
+        quantization_method="gguf",
+    )
+    validate_model_config(config)
+    return config
+
+
+def _vocab_size(reader: FieldReader, header: GgufHeader, arch: str) -> int:
+    if reader.has(f"{arch}.vocab_size"):
+        return reader.integer(f"{arch}.vocab_size")
+    tokens = header.fields.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        return len(tokens)
+    embedding = header.tensor("token_embd.weight")
+    if embedding is not None:
+        return embedding.shape[0]
+    raise reader.error(f"{arch}.vocab_size", "is missing (and there is no tokenizer.ggml.tokens)")
+
+
+def _rope_scaling(reader: FieldReader, header: GgufHeader, arch: str) -> RopeScaling | None:
+    if header.has_tensor(ROPE_FREQS_TENSOR):
+        return RopeScaling(rope_type=GGUF_ROPE_FREQS_TYPE)
+    scaling_type = reader.string(f"{arch}.rope.scaling.type", "none")
+    if scaling_type == "none":
+        linear_factor = reader.optional_number(f"{arch}.rope.scale_linear")
+        if linear_factor is None or linear_factor == 1.0:
+            return None
+        return RopeScaling(rope_type="linear", factor=linear_factor)
+    return RopeScaling(
+        rope_type=scaling_type,
+        factor=reader.number(f"{arch}.rope.scaling.factor", 1.0),
+        original_max_position_embeddings=reader.optional_integer(
+            f"{arch}.rope.scaling.original_context_length"
+        ),
+    )

@@ -1,0 +1,302 @@
+"""TorchBackend.paged_attention against dense masked-softmax attention on the unpaged K/V.
+
+Every cache slot no sequence owns (spare blocks, the tail of a last block) holds NaN, and table
+padding names either such a spare block or a block outside the pool: reading any of them
+poisons the output or raises, so a passing test proves only the right slots were read.
+The reference runs in float64, one head at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metrale_kernels import AttentionMetadata, TorchBackend, build_attention_metadata
+from metrale_kernels import torch_backend as torch_backend_module
+
+HEAD_DIM = 16
+# (heads, kv_heads): group sizes 1, 3 and 4.
+HEAD_LAYOUTS = [(4, 4), (6, 2), (8, 2)]
+BLOCK_SIZES = [1, 5, 16]
+
+
+@attrs.frozen(kw_only=True)
+class PagedBatch:
+    q: torch.Tensor  # (tokens, heads, head_dim)
+    k_cache: torch.Tensor  # (num_blocks, block_size, kv_heads, head_dim)
+    v_cache: torch.Tensor
+    keys: list[torch.Tensor]  # per sequence: (seq_len, kv_heads, head_dim)
+    values: list[torch.Tensor]
+    metadata: AttentionMetadata
+
+
+def make_batch(
+    *,
+    seed: int,
+    seq_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype = torch.float32,
+    num_spare_blocks: int = 3,
+) -> PagedBatch:
+    """A pool with shuffled block ids and NaN in every slot no sequence owns.
+
+    Tables are padded past their context: even ones with NaN-filled spare blocks, odd ones
+    with an id outside the pool.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + num_spare_blocks
+    block_ids = torch.randperm(num_blocks, generator=generator).tolist()
+    spare_ids = block_ids[sum(blocks_per_seq) :]
+    cache_shape = (num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    tables: list[list[int]] = []
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    used = 0
+    for seq_len, num_seq_blocks in zip(seq_lens, blocks_per_seq, strict=True):
+        table = block_ids[used : used + num_seq_blocks]
+        used += num_seq_blocks
+        seq_keys = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=generator).to(dtype)
+        seq_values = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=generator).to(dtype)
+        for position in range(seq_len):
+            block, offset = table[position // block_size], position % block_size
+            k_cache[block, offset] = seq_keys[position]
+            v_cache[block, offset] = seq_values[position]
+        padding = spare_ids[:2] if len(tables) % 2 == 0 else [num_blocks + 1000]
+        tables.append(table + padding)
+        keys.append(seq_keys)
+        values.append(seq_values)
+    q = torch.randn(sum(query_lens), num_heads, HEAD_DIM, generator=generator).to(dtype)
+    metadata = build_attention_metadata(
+        block_tables=tables, seq_lens=seq_lens, query_lens=query_lens, block_size=block_size
+    )
+    return PagedBatch(
+        q=q, k_cache=k_cache, v_cache=v_cache, keys=keys, values=values, metadata=metadata
+    )
+
+
+def dense_attention(
+    batch: PagedBatch, scale: float, sliding_window: int | None = None
+) -> torch.Tensor:
+    """Softmax attention per sequence and head over the unpaged K/V, in float64."""
+    num_heads, num_kv_heads = batch.q.shape[1], batch.k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    outputs = []
+    start = 0
+    for seq_keys, seq_values, query_len in zip(
+        batch.keys, batch.values, batch.metadata.query_lens, strict=True
+    ):
+        seq_len = seq_keys.shape[0]
+        query = batch.q[start : start + query_len].double()
+        start += query_len
+        query_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
+        key_pos = torch.arange(seq_len)[None, :]
+        allowed = key_pos <= query_pos
+        if sliding_window is not None:
+            allowed = allowed & (key_pos > query_pos - sliding_window)
+        heads = []
+        for head in range(num_heads):
+            head_keys = seq_keys[:, head // group].double()
+            head_values = seq_values[:, head // group].double()
+            scores = (query[:, head] @ head_keys.T) * scale
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            heads.append(torch.softmax(scores, dim=-1) @ head_values)
+        outputs.append(torch.stack(heads, dim=1))
+    return torch.cat(outputs)
+
+
+def check(batch: PagedBatch, sliding_window: int | None = None, *, atol: float = 1e-5) -> None:
+    scale = HEAD_DIM**-0.5
+    out = TorchBackend().paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
+    )
+    assert out.shape == batch.q.shape
+    assert out.dtype == batch.q.dtype
+    expected = dense_attention(batch, scale, sliding_window)
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
+def test_ragged_prefill(seed: int, block_size: int, num_heads: int, num_kv_heads: int) -> None:
+    seq_lens = [5, 16, 33, 2]
+    batch = make_batch(
+        seed=seed,
+        seq_lens=seq_lens,
+        query_lens=seq_lens,
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+    check(batch)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
+def test_cached_prefix(seed: int, block_size: int, num_heads: int, num_kv_heads: int) -> None:
+    batch = make_batch(
+        seed=seed,
+        seq_lens=[40, 16, 33, 21],
+        query_lens=[7, 16, 2, 20],
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+    check(batch)
+
+
+@pytest.mark.parametrize("group_tokens", [1, 32, 4096])
+@pytest.mark.parametrize("seq_lens", [[1, 7, 16, 17, 95, 3], [33, 33, 33]])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
+def test_decode_only(
+    monkeypatch: pytest.MonkeyPatch,
+    group_tokens: int,
+    seq_lens: list[int],
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+) -> None:
+    monkeypatch.setattr(torch_backend_module, "DECODE_GROUP_TOKENS", group_tokens)
+    batch = make_batch(
+        seed=len(seq_lens),
+        seq_lens=seq_lens,
+        query_lens=[1] * len(seq_lens),
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+    assert batch.metadata.is_decode_only
+    check(batch)
+
+
+def test_decode_many_groups_default_budget() -> None:
+    seq_lens = [200 + 37 * i for i in range(24)]
+    batch = make_batch(
+        seed=3,
+        seq_lens=seq_lens,
+        query_lens=[1] * len(seq_lens),
+        block_size=16,
+        num_heads=9,
+        num_kv_heads=3,
+    )
+    check(batch)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
+def test_mixed_decode_and_prefill(block_size: int, num_heads: int, num_kv_heads: int) -> None:
+    batch = make_batch(
+        seed=7,
+        seq_lens=[30, 12, 1, 19, 8, 45],
+        query_lens=[1, 12, 1, 4, 1, 1],
+        block_size=block_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+    )
+    check(batch)
+
+
+@pytest.mark.parametrize("sliding_window", [1, 4, 16, 100])
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("query_lens", [[1, 1, 1, 1], [1, 9, 30, 3]])
+def test_sliding_window(sliding_window: int, block_size: int, query_lens: list[int]) -> None:
+    batch = make_batch(
+        seed=sliding_window,
+        seq_lens=[30, 9, 37, 18],
+        query_lens=query_lens,
+        block_size=block_size,
+        num_heads=6,
+        num_kv_heads=2,
+    )
+    check(batch, sliding_window)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 8])
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 17, 5]])
+def test_bfloat16(sliding_window: int | None, query_lens: list[int]) -> None:
+    batch = make_batch(
+        seed=11,
+        seq_lens=[50, 17, 26],
+        query_lens=query_lens,
+        block_size=16,
+        num_heads=6,
+        num_kv_heads=2,
+        dtype=torch.bfloat16,
+    )
+    check(batch, sliding_window, atol=2e-2)
+
+
+def test_leaves_inputs_untouched() -> None:
+    batch = make_batch(
+        seed=5,
+        seq_lens=[20, 9, 14],
+        query_lens=[1, 9, 1],
+        block_size=4,
+        num_heads=4,
+        num_kv_heads=2,
+    )
+    before = [t.clone() for t in (batch.q, batch.k_cache, batch.v_cache)]
+    TorchBackend().paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.25, 6)
+    for tensor, copy in zip((batch.q, batch.k_cache, batch.v_cache), before, strict=True):
+        torch.testing.assert_close(tensor, copy, rtol=0, atol=0, equal_nan=True)
+
+
+def test_rejects_uneven_head_groups() -> None:
+    batch = make_batch(
+        seed=0, seq_lens=[4], query_lens=[4], block_size=4, num_heads=4, num_kv_heads=4
+    )
+    with pytest.raises(ValueError, match="3 query heads"):
+        TorchBackend().paged_attention(
+            batch.q[:, :3], batch.k_cache, batch.v_cache, batch.metadata, 1.0
+        )
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    seq_lens = draw(st.lists(st.integers(1, 48), min_size=1, max_size=5))
+    query_lens = [draw(st.sampled_from([1, seq_len, max(1, seq_len // 3)])) for seq_len in seq_lens]
+    return seq_lens, query_lens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=batches(),
+    block_size=st.sampled_from(BLOCK_SIZES),
+    heads=st.sampled_from(HEAD_LAYOUTS),
+    sliding_window=st.none() | st.integers(1, 24),
+    group_tokens=st.sampled_from([1, 20, 4096]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_dense_attention(
+    lens: tuple[list[int], list[int]],
+    block_size: int,
+    heads: tuple[int, int],
+    sliding_window: int | None,
+    group_tokens: int,
+    seed: int,
+) -> None:
+    seq_lens, query_lens = lens
+    batch = make_batch(
+        seed=seed,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        block_size=block_size,
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch_backend_module, "DECODE_GROUP_TOKENS", group_tokens)
+        check(batch, sliding_window)

@@ -1,0 +1,47 @@
+"""The contract every model family implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from metrale_config import ModelConfig
+from metrale_kernels import AttentionMetadata, KernelBackend
+
+KvCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model that reads and writes a paged KV cache.
+
+    Construction takes the config alone (``max_seq_len`` sizes the precomputed position
+    tables; ``backend`` supplies the ops). Parameter names are Hugging Face's, so a
+    checkpoint's tensors load by name. One ``forward`` serves prefill, chunked prefill and
+    decode: every attention layer writes the step's K/V at ``metadata.slot_mapping``, then
+    attends over each sequence's cached context.
+    """
+
+    config: ModelConfig
+    max_seq_len: int
+    backend: KernelBackend
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[KvCache],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states ``(tokens, hidden_size)`` after the final norm.
+
+        ``input_ids`` and ``positions`` are ``(tokens,)`` int64 in ``metadata``'s token order;
+        ``kv_caches`` has one ``(k_cache, v_cache)`` per layer, each
+        ``(num_blocks, block_size, num_kv_heads, head_dim)``; they are written in place.
+        """
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(n, hidden)`` final hidden states → ``(n, vocab_size)`` logits."""
+        raise NotImplementedError

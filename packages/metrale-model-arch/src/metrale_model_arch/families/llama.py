@@ -1,0 +1,202 @@
+"""Llama and its close relatives (Mistral, Qwen2, Qwen3) over a paged KV cache.
+
+The variants differ only by config: q/k/v and o biases (Qwen2), a per-head RMSNorm on q and k
+before rotary (Qwen3), an explicit ``head_dim``, sliding-window layers, tied embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from metrale_config import ModelConfig
+from metrale_config.model_config import SLIDING_ATTENTION
+from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_model_arch.families.base import CausalLM, KvCache
+from metrale_model_arch.families.rotary import rope_cos_sin_table
+
+SUPPORTED_HIDDEN_ACTS = ("silu",)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, backend: KernelBackend) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backend.rms_norm(x, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, sliding_window: int | None, backend: KernelBackend
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        self.sliding_window = sliding_window
+        self.backend = backend
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: KvCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        # (tokens, heads, head_dim)
+        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.backend.apply_rotary(q, k, positions, cos_sin)
+        k_cache, v_cache = kv_cache
+        self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        attended = self.backend.paged_attention(
+            q, k_cache, v_cache, metadata, self.scale, self.sliding_window
+        )
+        out: torch.Tensor = self.o_proj(attended.reshape(num_tokens, -1))
+        return out
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, backend: KernelBackend) -> None:
+        super().__init__()
+        hidden, intermediate, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        out: torch.Tensor = self.down_proj(self.backend.silu_and_mul(gate_up))
+        return out
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, sliding_window: int | None, backend: KernelBackend
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, sliding_window, backend)
+        self.mlp = LlamaMLP(config, backend)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: KvCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        attended = self.self_attn(
+            self.input_layernorm(hidden), positions, cos_sin, kv_cache, metadata
+        )
+        hidden = hidden + attended
+        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return out
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, layer_sliding_window(config, i), backend)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+        # (max_seq_len, head_dim) float32; derived from the config, never part of a checkpoint.
+        self.cos_sin_cache: torch.Tensor
+        self.register_buffer(
+            "cos_sin_cache", rope_cos_sin_table(config, max_seq_len), persistent=False
+        )
+
+
+class LlamaForCausalLM(CausalLM):
+    """Model types ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` (see :class:`CausalLM`)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        max_seq_len: int | None = None,
+        backend: KernelBackend | None = None,
+    ) -> None:
+        super().__init__()
+        check_supported(config)
+        self.config = config
+        self.max_seq_len = max_seq_len or config.max_position_embeddings
+        self.backend = backend if backend is not None else TorchBackend()
+        self.model = LlamaModel(config, self.max_seq_len, self.backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[KvCache],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
+        cos_sin = self.model.cos_sin_cache
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden = layer(hidden, positions, cos_sin, kv_cache, metadata)
+        out: torch.Tensor = self.model.norm(hidden)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(hidden)
+        return out
+
+
+def layer_sliding_window(config: ModelConfig, layer_index: int) -> int | None:
+    """The window of layer ``layer_index``: every layer's when ``layer_types`` is empty."""
+    if config.sliding_window is None:
+        return None
+    if config.layer_types and config.layer_types[layer_index] != SLIDING_ATTENTION:
+        return None
+    return config.sliding_window
+
+
+def check_supported(config: ModelConfig) -> None:
+    """Raise ``ValueError`` naming the first config feature this family cannot run."""
+    if config.hidden_act not in SUPPORTED_HIDDEN_ACTS:
+        raise ValueError(
+            f"unsupported hidden_act {config.hidden_act!r} for {config.model_type}; "
+            f"supported: {', '.join(SUPPORTED_HIDDEN_ACTS)}"
+        )
+    for feature in ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit"):
+        if getattr(config, feature, None) is not None:
+            raise ValueError(f"{config.model_type}: the llama family does not support {feature}")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"num_attention_heads ({config.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({config.num_key_value_heads})"
+        )

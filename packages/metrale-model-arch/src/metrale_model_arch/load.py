@@ -1,0 +1,99 @@
+"""``load_model``: a model name -> weights, tokenizer and chat template, ready to run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from metrale_config import ModelConfig, read_gguf_header
+from metrale_model_arch.chat_template import ChatTemplate
+from metrale_model_arch.families import CausalLM
+from metrale_model_arch.loading.gguf_loader import load_gguf_model
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.model_source import ModelSource, resolve_model
+from metrale_model_arch.tokenizer import Tokenizer
+
+# The Rust engine's fallback when a model ships no template of its own.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LoadedModel:
+    """Everything needed to turn text into tokens, run the model and turn tokens back into text."""
+
+    source: ModelSource
+    config: ModelConfig
+    model: CausalLM = attrs.field(repr=False)
+    tokenizer: Tokenizer = attrs.field(repr=False)
+    chat_template: ChatTemplate
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.model.max_seq_len
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation: the tokenizer's, then any more the config names."""
+        ids = list(self.tokenizer.eos_token_ids)
+        ids += [i for i in self.config.eos_token_ids if i not in ids]
+        return tuple(ids)
+
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+
+
+def load_model(
+    name: str | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    max_seq_len: int | None = None,
+    chat_template: ChatTemplate | None = None,
+) -> LoadedModel:
+    """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
+
+    ``max_seq_len`` caps the context (default: the model's ``max_position_embeddings``);
+    ``chat_template`` replaces the model's own. Without either, ChatML is used.
+    """
+    source = resolve_model(name)
+    device = torch.device(device)
+    if source.kind == "gguf":
+        header = read_gguf_header(source.path)
+        config = ModelConfig.from_gguf_header(header)
+        model = load_gguf_model(header, dtype=dtype, device=device, max_seq_len=max_seq_len)
+        tokenizer = Tokenizer.from_gguf_fields(header.fields)
+        own_template = ChatTemplate.from_gguf_fields(
+            header.fields, special_tokens=tokenizer.special_tokens_map
+        )
+    else:
+        config = ModelConfig.from_hf_config(source.path)
+        model = load_safetensors_model(
+            source.path, config, dtype=dtype, device=device, max_seq_len=max_seq_len
+        )
+        tokenizer = Tokenizer.from_dir(source.path)
+        own_template = ChatTemplate.from_dir(
+            source.path, special_tokens=tokenizer.special_tokens_map
+        )
+    template = chat_template or own_template or ChatTemplate(
+        source=CHATML_TEMPLATE, origin="built-in ChatML", special_tokens=tokenizer.special_tokens_map
+    )
+    return LoadedModel(
+        source=source,
+        config=config,
+        model=model,
+        tokenizer=tokenizer,
+        chat_template=template,
+        dtype=dtype,
+        device=device,
+    )

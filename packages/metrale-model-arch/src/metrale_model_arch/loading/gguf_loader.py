@@ -1,0 +1,167 @@
+"""Read a GGUF checkpoint's tensors as Hugging Face-named float32 tensors, dequantized at load."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+import gguf
+import numpy as np
+import torch
+
+from metrale_config import GgufHeader, GgufTensorInfo, ModelConfig, read_gguf_header
+from metrale_model_arch.build import CheckpointError, build_model
+from metrale_model_arch.families import CausalLM
+from metrale_model_arch.loading.gguf_names import (
+    SKIPPED_GGUF_TENSORS,
+    UnknownGgufTensorError,
+    hf_tensor_name,
+    rotary_permuted_heads,
+)
+from metrale_model_arch.loading.progress import load_progress
+
+SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+
+@attrs.frozen(kw_only=True)
+class _PlannedTensor:
+    info: GgufTensorInfo
+    hf_name: str
+    ggml_type: gguf.GGMLQuantizationType
+    # Rows are unpermuted in groups of this many heads; None when stored as-is.
+    num_permuted_heads: int | None
+
+
+def read_gguf_weights(
+    path: str | os.PathLike[str],
+) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """The config of the GGUF file at ``path`` and an iterator over its weights.
+
+    See :func:`iter_gguf_weights`. A missing, truncated or corrupt file raises one error naming
+    the file (``ConfigError`` for the header, :class:`CheckpointError` for the tensors).
+    """
+    header = read_gguf_header(path)
+    config = ModelConfig.from_gguf_header(header)
+    return config, iter_gguf_weights(header, config)
+
+
+def iter_gguf_weights(
+    header: GgufHeader,
+    config: ModelConfig,
+    on_tensor: Callable[[int], None] = lambda n: None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` for every tensor of ``header``'s file, float32 on the CPU.
+
+    Each tensor is dequantized when it is reached (types ``SUPPORTED_GGML_TYPES``), laid out
+    row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows undone.
+    There is no ``lm_head.weight`` when the file ties it to the embedding. Unknown tensor names,
+    unsupported types and tensors past the end of the file raise :class:`CheckpointError`
+    before anything is yielded.
+    """
+    plan = _plan(header, config)
+    return _dequantized(header.path, plan, on_tensor)
+
+
+def load_gguf_model(
+    gguf_file: str | os.PathLike[str] | GgufHeader,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    max_seq_len: int | None = None,
+) -> CausalLM:
+    """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
+    dequantized and then cast to ``dtype``, with a progress bar on a terminal."""
+    header = gguf_file if isinstance(gguf_file, GgufHeader) else read_gguf_header(gguf_file)
+    config = ModelConfig.from_gguf_header(header)
+    num_tensors = sum(tensor.name not in SKIPPED_GGUF_TENSORS for tensor in header.tensors)
+    with load_progress(num_tensors, f"Loading {Path(header.path).name}") as advance:
+        return build_model(
+            config,
+            iter_gguf_weights(header, config, advance),
+            dtype=dtype,
+            device=device,
+            max_seq_len=max_seq_len,
+        )
+
+
+def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation.
+
+    llama.cpp stores each head's rows as interleaved pairs ``(head_dim/2, 2)`` where Hugging Face
+    keeps the two rotary halves ``(2, head_dim/2)``; ``weight`` is ``(num_heads * head_dim, ...)``.
+    """
+    num_rows = weight.shape[0]
+    if num_rows % (2 * num_heads):
+        raise ValueError(f"{num_rows} rows do not split into {num_heads} heads of even size")
+    half_head_dim = num_rows // num_heads // 2
+    # (heads, head_dim/2, 2, ...) -> (heads, 2, head_dim/2, ...)
+    pairs = weight.reshape(num_heads, half_head_dim, 2, *weight.shape[1:])
+    return np.ascontiguousarray(pairs.swapaxes(1, 2)).reshape(weight.shape)
+
+
+def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
+    file_bytes = Path(header.path).stat().st_size
+    architecture = header.architecture or config.model_type
+    heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+    plan = []
+    for info in header.tensors:
+        try:
+            hf_name = hf_tensor_name(info.name)
+        except UnknownGgufTensorError as exc:
+            raise CheckpointError(f"{header.source}: {exc} (architecture {architecture})") from exc
+        if hf_name is None:
+            continue
+        if info.ggml_type not in SUPPORTED_GGML_TYPES:
+            raise CheckpointError(
+                f"{header.source}: tensor {info.name!r} has type {info.ggml_type}, which is not "
+                f"supported (supported: {', '.join(SUPPORTED_GGML_TYPES)})"
+            )
+        if info.data_offset + info.num_bytes > file_bytes:
+            raise CheckpointError(
+                f"{header.source}: truncated; tensor {info.name!r} ends at byte "
+                f"{info.data_offset + info.num_bytes} of a {file_bytes}-byte file"
+            )
+        permuted = rotary_permuted_heads(info.name, architecture)
+        plan.append(
+            _PlannedTensor(
+                info=info,
+                hf_name=hf_name,
+                ggml_type=gguf.GGMLQuantizationType[info.ggml_type],
+                num_permuted_heads=None if permuted is None else heads[permuted],
+            )
+        )
+    return plan
+
+
+def _dequantized(
+    path: str, plan: list[_PlannedTensor], on_tensor: Callable[[int], None]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        file_data = np.memmap(path, dtype=np.uint8, mode="r")
+    except OSError as exc:
+        raise CheckpointError(f"GGUF file at {path}: cannot be read ({exc})") from exc
+    for tensor in plan:
+        yield tensor.hf_name, _read_tensor(path, file_data, tensor)
+        on_tensor(1)
+
+
+def _read_tensor(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> torch.Tensor:
+    info = tensor.info
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.ggml_type]
+    row_length = info.shape[-1]
+    if row_length % block_size:
+        raise CheckpointError(
+            f"GGUF file at {path}: tensor {info.name!r} rows of {row_length} values are not whole "
+            f"{info.ggml_type} blocks of {block_size}"
+        )
+    raw = file_data[info.data_offset : info.data_offset + info.num_bytes]
+    blocks = raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
+    values = gguf.quants.dequantize(np.asarray(blocks), tensor.ggml_type)
+    if tensor.num_permuted_heads is not None:
+        values = unpermute_rotary_rows(values, tensor.num_permuted_heads)
+    if not values.flags.writeable:
+        # F32 comes back as a view of the read-only file mapping.
+        values = values.copy()
+    return torch.from_numpy(values)

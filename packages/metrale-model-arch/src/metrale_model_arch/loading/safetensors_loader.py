@@ -1,0 +1,111 @@
+"""Read a Hugging Face safetensors checkpoint (single file or sharded) into a model.
+
+Only the safetensors format is read: never pickle, never ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from metrale_config import ModelConfig
+from metrale_model_arch.build import CheckpointError, build_model
+from metrale_model_arch.families import CausalLM
+from metrale_model_arch.loading.progress import load_progress
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_tensor_names(model_dir: str | Path) -> dict[Path, list[str]]:
+    """Each checkpoint file's tensor names, read from the headers alone, in load order.
+
+    The checkpoint is ``model.safetensors``, else the shards ``model.safetensors.index.json``
+    names. Raises :class:`CheckpointError` naming the absent index or shards, an unreadable
+    file, or a tensor the index promises that its shard lacks.
+    """
+    model_dir = Path(model_dir)
+    if (model_dir / SINGLE_FILE).is_file():
+        return _read_headers([model_dir / SINGLE_FILE])
+    index_path = model_dir / INDEX_FILE
+    if not index_path.is_file():
+        raise CheckpointError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} is there")
+    weight_map = _weight_map(index_path)
+    shards = sorted(set(weight_map.values()))
+    absent = [shard for shard in shards if not (model_dir / shard).is_file()]
+    if absent:
+        raise CheckpointError(f"{index_path} names missing shard file(s): {', '.join(absent)}")
+    names = _read_headers([model_dir / shard for shard in shards])
+    in_shard = {path.name: set(file_names) for path, file_names in names.items()}
+    lacking = [
+        f"{name} ({shard})" for name, shard in weight_map.items() if name not in in_shard[shard]
+    ]
+    if lacking:
+        raise CheckpointError(f"{index_path} lists tensors its shards lack: {', '.join(lacking)}")
+    return names
+
+
+def iter_safetensors(
+    names: dict[Path, list[str]], on_tensor: Callable[[int], None] = lambda n: None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` file by file, on the CPU in the file's dtype."""
+    for path, file_names in names.items():
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in file_names:
+                    yield name, handle.get_tensor(name)
+                    on_tensor(1)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def load_safetensors_model(
+    model_dir: str | Path,
+    config: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    max_seq_len: int | None = None,
+) -> CausalLM:
+    """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
+    if config.quantization_method is not None:
+        raise CheckpointError(
+            f"{model_dir}: {config.quantization_method!r}-quantized safetensors are not supported"
+        )
+    names = checkpoint_tensor_names(model_dir)
+    total = sum(len(file_names) for file_names in names.values())
+    with load_progress(total, f"Loading {Path(model_dir).name}") as advance:
+        return build_model(
+            config,
+            iter_safetensors(names, advance),
+            dtype=dtype,
+            device=device,
+            max_seq_len=max_seq_len,
+        )
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index_path}: not a safetensors index ({exc!r})") from exc
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(f"{index_path}: weight_map must map tensor names to file names")
+    return weight_map
+
+
+def _read_headers(files: list[Path]) -> dict[Path, list[str]]:
+    names: dict[Path, list[str]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                names[path] = list(handle.keys())
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+    return names

@@ -1,0 +1,81 @@
+"""Shared test fixtures: a tiny config, and a driver that runs a model over a paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+import torch
+
+from metrale_config import ModelConfig
+from metrale_kernels import build_attention_metadata
+from metrale_model_arch.families import CausalLM
+from metrale_model_arch.kv_cache import allocate_kv_cache
+
+
+class PagedRunner:
+    """Runs steps of several sequences through one paged KV cache, like the engine does.
+
+    Blocks come from a shuffled free list, so each sequence's blocks are non-contiguous and
+    interleaved with the other sequences'.
+    """
+
+    def __init__(self, model: CausalLM, *, num_blocks: int, block_size: int, seed: int = 0) -> None:
+        self.model = model
+        self.block_size = block_size
+        dtype = next(model.parameters()).dtype
+        self.kv_caches = allocate_kv_cache(
+            model.config, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device="cpu"
+        )
+        generator = torch.Generator().manual_seed(seed)
+        self.free_blocks: list[int] = torch.randperm(num_blocks, generator=generator).tolist()
+        self.block_tables: dict[int, list[int]] = {}
+        self.seq_lens: dict[int, int] = {}
+
+    def step(self, new_tokens: Mapping[int, Sequence[int]]) -> dict[int, torch.Tensor]:
+        """One forward over ``{seq_id: new token ids}`` → ``{seq_id: (len(new), vocab) logits}``."""
+        seq_ids = list(new_tokens)
+        positions: list[int] = []
+        for seq_id in seq_ids:
+            start = self.seq_lens.get(seq_id, 0)
+            end = start + len(new_tokens[seq_id])
+            table = self.block_tables.setdefault(seq_id, [])
+            while len(table) * self.block_size < end:
+                table.append(self.free_blocks.pop())
+            self.seq_lens[seq_id] = end
+            positions.extend(range(start, end))
+        metadata = build_attention_metadata(
+            block_tables=[self.block_tables[s] for s in seq_ids],
+            seq_lens=[self.seq_lens[s] for s in seq_ids],
+            query_lens=[len(new_tokens[s]) for s in seq_ids],
+            block_size=self.block_size,
+        )
+        input_ids = torch.tensor([t for s in seq_ids for t in new_tokens[s]], dtype=torch.int64)
+        with torch.inference_mode():
+            hidden = self.model(input_ids, torch.tensor(positions), self.kv_caches, metadata)
+            logits = self.model.compute_logits(hidden)
+        split = logits.split([len(new_tokens[s]) for s in seq_ids])
+        return dict(zip(seq_ids, split, strict=True))
+
+
+@pytest.fixture
+def paged_runner() -> type[PagedRunner]:
+    return PagedRunner
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    """A llama config small enough to build and run in milliseconds (GQA, untied)."""
+    return ModelConfig(
+        source="tiny test config",
+        model_type="llama",
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+    )

@@ -1,0 +1,3 @@
+from metrale_server.cli import main
+
+main()
