@@ -18,7 +18,13 @@ PACKAGES = {
 }
 # DESIGN.md's "must not import" column.
 FORBIDDEN = {
-    "metrale-config": {"torch", "metrale_kernels", "metrale_model_arch", "metrale_bench", "metrale_server"},
+    "metrale-config": {
+        "torch",
+        "metrale_kernels",
+        "metrale_model_arch",
+        "metrale_bench",
+        "metrale_server",
+    },
     "metrale-kernels": {"metrale_config", "metrale_model_arch", "metrale_bench", "metrale_server"},
     "metrale-model-arch": {"metrale_server", "metrale_bench"},
     "metrale-bench": {"metrale_server", "torch", "metrale_model_arch", "metrale_kernels"},
@@ -45,7 +51,9 @@ def imported_top_levels(source_dir: Path, root: Path = ROOT) -> dict[str, set[st
 @pytest.mark.parametrize("package", sorted(PACKAGES))
 def test_package_imports_only_allowed_layers(package: str) -> None:
     imports = imported_top_levels(ROOT / "packages" / package / "src")
-    violations = {name: sorted(files) for name, files in imports.items() if name in FORBIDDEN[package]}
+    violations = {
+        name: sorted(files) for name, files in imports.items() if name in FORBIDDEN[package]
+    }
     assert not violations, f"{package} imports layers it must not: {violations}"
 
 
@@ -53,7 +61,10 @@ def test_package_imports_only_allowed_layers(package: str) -> None:
 def test_sibling_imports_are_declared_dependencies(package: str) -> None:
     imports = imported_top_levels(ROOT / "packages" / package / "src")
     pyproject = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
-    declared = {dep.split("~")[0].split("=")[0].split(">")[0].strip() for dep in pyproject["project"]["dependencies"]}
+    declared = {
+        dep.split("~")[0].split("=")[0].split(">")[0].strip()
+        for dep in pyproject["project"]["dependencies"]
+    }
     own = PACKAGES[package]
     for sibling, module in PACKAGES.items():
         if module != own and module in imports:

@@ -11,8 +11,10 @@ def test_describe_host_reads_model_name(tmp_path: Path) -> None:
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t: avx2\n")
     host = describe_host(cpuinfo=cpuinfo)
     assert host.cpu_model == "Test CPU 9000"
-    assert host.num_cpus is not None and host.num_cpus >= 1
-    assert host.memory_bytes is not None and host.memory_bytes > 2**20
+    assert host.num_cpus is not None
+    assert host.num_cpus >= 1
+    assert host.memory_bytes is not None
+    assert host.memory_bytes > 2**20
 
 
 def test_unreadable_cpuinfo_is_not_invented(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ not (or no longer) GGUF: each of those is one ``ConfigError`` naming the file.""
 
 from __future__ import annotations
 
+import random
 import re
 import struct
 import subprocess
@@ -53,7 +54,7 @@ def reader_value(field: gguf.ReaderField) -> object:
 
 
 def typed(value: object) -> object:
-    """``value`` with the type of every leaf spelled out: ``1 == 1.0 == True`` hides a wrong type."""
+    """``value`` with each leaf's type spelled out: ``1 == 1.0 == True`` would hide a wrong type."""
     if isinstance(value, list):
         return [typed(item) for item in value]
     return (type(value).__name__, value)
@@ -338,7 +339,9 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
                 kv(
                     "k",
                     VT.ARRAY,
-                    struct.pack("<IQ", VT.STRING, 2) + gguf_string("ok") + gguf_string(b"a" * 9)[:12],
+                    struct.pack("<IQ", VT.STRING, 2)
+                    + gguf_string("ok")
+                    + gguf_string(b"a" * 9)[:12],
                 ),
             )
         ),
@@ -416,6 +419,30 @@ def test_every_truncation_is_one_config_error(tmp_path: Path) -> None:
     # The padding after the last tensor's data is not needed.
     path.write_bytes(whole[:data_end])
     assert read_gguf_header(path).fields == full.fields
+
+
+def test_corrupt_header_bytes_give_a_header_or_one_config_error(tmp_path: Path) -> None:
+    whole = write_every_value_type(tmp_path / "whole.gguf").read_bytes()
+    header_bytes = read_gguf_header(tmp_path / "whole.gguf").tensors[0].data_offset
+    path = tmp_path / "corrupt.gguf"
+    rng = random.Random(0)
+    errors: list[str] = []
+
+    for _ in range(2000):
+        corrupt = bytearray(whole)
+        for _ in range(rng.randint(1, 3)):
+            corrupt[rng.randrange(header_bytes)] = rng.choice(
+                [0x00, 0xFF, 0x80, rng.randrange(256)]
+            )
+        path.write_bytes(corrupt)
+        try:
+            read_gguf_header(path)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    assert len(errors) > 1000
+    assert all(
+        error.startswith(f"GGUF file at {path}: not a readable GGUF file (") for error in errors
+    )
 
 
 def test_truncated_copy_is_one_config_error(bundled_gguf_path: Path, tmp_path: Path) -> None:

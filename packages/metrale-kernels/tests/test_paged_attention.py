@@ -264,6 +264,17 @@ def test_rejects_uneven_head_groups() -> None:
         )
 
 
+@pytest.mark.parametrize("sliding_window", [0, -3])
+def test_rejects_empty_sliding_window(sliding_window: int) -> None:
+    batch = make_batch(
+        seed=0, seq_lens=[4], query_lens=[1], block_size=4, num_heads=4, num_kv_heads=4
+    )
+    with pytest.raises(ValueError, match="sliding_window must be at least 1"):
+        TorchBackend().paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.metadata, 1.0, sliding_window
+        )
+
+
 @st.composite
 def batches(draw: st.DrawFn) -> tuple[list[int], list[int]]:
     seq_lens = draw(st.lists(st.integers(1, 48), min_size=1, max_size=5))

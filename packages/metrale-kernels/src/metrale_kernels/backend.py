@@ -66,6 +66,9 @@ class KernelBackend(Protocol):
         Query token ``i`` of a sequence sits at position ``seq_len - query_len + i`` and sees
         the keys at positions ``<=`` its own (and ``> position - sliding_window`` when a window
         is set). Grouped-query heads: query head ``h`` reads kv head ``h // (heads // kv_heads)``.
-        Returns ``(tokens, heads, head_dim)``.
+        Only the slots of each sequence's own context are read: table entries past it and
+        slots past ``seq_len`` may hold anything (NaN included) without changing the result.
+        Returns ``(tokens, heads, head_dim)``; raises ``ValueError`` when ``heads`` is not a
+        multiple of ``kv_heads`` or ``sliding_window < 1``.
         """
         ...

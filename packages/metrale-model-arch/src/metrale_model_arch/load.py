@@ -85,8 +85,14 @@ def load_model(
         own_template = ChatTemplate.from_dir(
             source.path, special_tokens=tokenizer.special_tokens_map
         )
-    template = chat_template or own_template or ChatTemplate(
-        source=CHATML_TEMPLATE, origin="built-in ChatML", special_tokens=tokenizer.special_tokens_map
+    template = (
+        chat_template
+        or own_template
+        or ChatTemplate(
+            source=CHATML_TEMPLATE,
+            origin="built-in ChatML",
+            special_tokens=tokenizer.special_tokens_map,
+        )
     )
     return LoadedModel(
         source=source,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import click
-from metrale_config import ConfigError, check_environment
 
+from metrale_config import ConfigError, check_environment
 from metrale_server.devices import DTYPES
 
 MODEL_HELP = (
@@ -28,9 +28,15 @@ def main() -> None:
 @main.command()
 @click.argument("prompt")
 @click.option("--model", "-m", default=None, help=MODEL_HELP)
-@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @click.option(
-    "--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="New tokens at most."
+    "--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template."
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="New tokens at most.",
 )
 @click.option(
     "--temperature",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TextIO
 
 from metrale_model_arch import load_model
-
 from metrale_server.detokenizer import IncrementalDetokenizer
 from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.single_sequence import generate_token_ids

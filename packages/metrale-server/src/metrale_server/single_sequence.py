@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
+
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, allocate_kv_cache
 
