@@ -79,7 +79,6 @@ def generate(
             device=device,
             out=sys.stdout,
         )
-    except ConfigError as error:
-        raise click.ClickException(str(error)) from error
-    except ValueError as error:
+    except (ValueError, OSError) as error:
+        # Config, checkpoint, tokenizer and model-resolution errors all say what is wrong.
         raise click.ClickException(str(error)) from error
