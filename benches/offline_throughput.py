@@ -1,0 +1,182 @@
+"""Offline throughput of the engine against HF transformers ``generate`` on the same requests.
+
+    python benches/offline_throughput.py [--quick] [--num-requests 128] [--max-batch-size 64]
+
+A serving-shaped load on the bundled default model, float32, CPU: prompt lengths drawn from
+64..256 tokens and output lengths from 16..256 (seeded), ``ignore_eos`` so every system makes
+exactly the requested tokens. Throughput = requested output tokens / wall time. The baseline is
+HF ``generate`` in static batches (arrival order, left padding, each batch runs until its
+longest request is done; only requested tokens count), at batch 16 and 64, the better one.
+Also printed: the machine's sgemm FLOP/s and copy bandwidth, the engine's whole-run FLOP/s as
+a fraction of sgemm, and its batch-1 decode weight bytes/s as a fraction of copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+import torch
+
+from metrale_server import LLM, SamplingParams
+
+
+def make_requests(
+    num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
+) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [
+        (
+            [rng.randrange(1000, 40000) for _ in range(rng.randint(*prompt_range))],
+            rng.randint(*output_range),
+        )
+        for _ in range(num_requests)
+    ]
+
+
+def sgemm_flops(size: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def copy_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes read plus written per second by a large tensor copy."""
+    src = torch.empty(num_bytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    return 2 * num_bytes * repeats / (time.perf_counter() - start)
+
+
+def run_engine(llm: LLM, requests: list[tuple[list[int], int]]) -> float:
+    prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    for output, (_, n) in zip(outputs, requests, strict=True):
+        assert output.error is None, output.error
+        assert len(output.outputs[0].token_ids) == n
+    return elapsed
+
+
+def run_hf(
+    model: Any, requests: list[tuple[list[int], int]], batch_size: int, pad_id: int
+) -> float:
+    start = time.perf_counter()
+    for first in range(0, len(requests), batch_size):
+        batch = requests[first : first + batch_size]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(batch), width), dtype=torch.int64)
+        for row, (ids, _) in enumerate(batch):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            mask[row, width - len(ids) :] = 1
+        longest = max(n for _, n in batch)
+        with torch.inference_mode():
+            model.generate(
+                input_ids,
+                attention_mask=mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
+    return time.perf_counter() - start
+
+
+def decode_weight_bandwidth(llm: LLM, num_tokens: int) -> float:
+    """Batch-1 decode: weight bytes streamed per second (every weight read once per token)."""
+    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [1000, 2000, 3000, 4000]}], params)  # warm
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": [1000, 2000, 3000, 4000]}], params)
+    elapsed = time.perf_counter() - start
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.loaded.model.parameters())
+    return weight_bytes * num_tokens / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small load, under a minute")
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-batch-tokens", type=int, default=2048)
+    parser.add_argument("--hf-batch-sizes", default="16,64")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    if args.quick:
+        requests = make_requests(16, (64, 128), (16, 48), args.seed)
+        hf_batch_sizes = [16]
+    else:
+        requests = make_requests(args.num_requests, (64, 256), (16, 256), args.seed)
+        hf_batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
+    num_output = sum(n for _, n in requests)
+    num_prompt = sum(len(ids) for ids, _ in requests)
+    print(
+        f"threads: {torch.get_num_threads()}  requests: {len(requests)}  "
+        f"prompt tokens: {num_prompt}  output tokens: {num_output}"
+    )
+
+    sgemm = sgemm_flops()
+    bandwidth = copy_bandwidth()
+    print(f"machine: sgemm {sgemm / 1e9:.1f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s")
+
+    llm = LLM(
+        None,
+        dtype="float32",
+        device="cpu",
+        max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        max_seq_len=1024,
+    )
+    run_engine(llm, requests[:2])  # warm-up
+    elapsed = run_engine(llm, requests)
+    ours = num_output / elapsed
+    num_params = sum(p.numel() for p in llm.engine.loaded.model.parameters())
+    flops = 2 * num_params * (num_prompt + num_output)
+    print(f"metrale: {ours:.1f} output tok/s ({elapsed:.1f} s, {llm.engine.stats.num_steps} steps)")
+    print(
+        f"  whole-run FLOP/s: {flops / elapsed / 1e9:.1f} GFLOP/s = "
+        f"{flops / elapsed / sgemm:.0%} of sgemm (goal >= 60%)"
+    )
+    decode_bw = decode_weight_bandwidth(llm, 16 if args.quick else 64)
+    print(
+        f"  batch-1 decode weight bytes/s: {decode_bw / 1e9:.1f} GB/s = "
+        f"{decode_bw / bandwidth:.0%} of copy bandwidth (goal >= 70%)"
+    )
+
+    if args.no_baseline:
+        return
+    import transformers
+
+    from metrale_model_arch import resolve_model
+
+    gguf = resolve_model(None).path
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    pad_id = llm.engine.loaded.tokenizer.pad_token_id or 0
+    best = 0.0
+    for batch_size in hf_batch_sizes:
+        hf_elapsed = run_hf(hf_model, requests, batch_size, pad_id)
+        rate = num_output / hf_elapsed
+        best = max(best, rate)
+        print(
+            f"HF generate, static batch {batch_size}: {rate:.1f} output tok/s ({hf_elapsed:.1f} s)"
+        )
+    print(f"ratio metrale / best HF: {ours / best:.2f}x (goal >= 3x)")
+
+
+if __name__ == "__main__":
+    main()

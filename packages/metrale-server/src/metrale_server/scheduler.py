@@ -1,0 +1,186 @@
+"""The scheduler: which sequences run in the next step, and how many of their tokens."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from metrale_server.block_manager import BlockManager
+from metrale_server.scheduler_step import ScheduledChunk, SchedulerStep
+from metrale_server.sequence import Sequence, SequenceStatus
+from metrale_server.sequence_group import SequenceGroup
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerConfig:
+    """``max_batch_size`` running sequences at most; ``max_batch_tokens`` tokens per step."""
+
+    max_batch_size: int
+    max_batch_tokens: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+
+
+class Scheduler:
+    """First come, first served over a waiting queue and a running list.
+
+    Contract of ``schedule``: running groups go first, in admission order, each unfinished
+    sequence getting its next chunk (1 token when decoding, up to the remaining token budget
+    when prefilling); then waiting groups are admitted in arrival order while the batch has
+    slots, the budget has tokens and the pool has blocks (the queue head is never skipped).
+    When a running sequence cannot get its slots, the most recently admitted group is
+    preempted (all its blocks freed, its tokens recomputed later) and goes back to the front
+    of the queue. The caller applies the step's results with ``finish_step``.
+    """
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(group.num_slots for group in self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def abort(self, request_id: str) -> SequenceGroup | None:
+        """Remove the request wherever it is and free its blocks; ``None`` if unknown."""
+        for queue in (self.running, self.waiting):
+            for group in queue:
+                if group.request_id == request_id:
+                    queue.remove(group)
+                    for seq in group.seqs:
+                        self.block_manager.free(seq)
+                        seq.status = SequenceStatus.FINISHED
+                    return group
+        return None
+
+    def schedule(self) -> SchedulerStep:
+        budget = self.config.max_batch_tokens
+        chunks: list[ScheduledChunk] = []
+        copies: list[tuple[int, int]] = []
+        preempted: list[str] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            group = self.running[index]
+            group_chunks: list[ScheduledChunk] = []
+            group_copies: list[tuple[int, int]] = []
+            is_preempted = False
+            for seq in group.unfinished_seqs():
+                num_new = min(seq.num_uncomputed_tokens, budget)
+                if num_new == 0:
+                    break
+                while not self.block_manager.can_append_slots(seq, num_new):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted.append(victim.request_id)
+                    if victim is group:
+                        is_preempted = True
+                        break
+                if is_preempted:
+                    break
+                group_copies += self.block_manager.append_slots(seq, num_new)
+                group_chunks.append(self._chunk(group, seq, num_new))
+                budget -= num_new
+            if is_preempted:
+                budget += sum(chunk.num_new_tokens for chunk in group_chunks)
+            else:
+                chunks += group_chunks
+                copies += group_copies
+                index += 1
+
+        # NOTE: nothing is admitted in a step that preempted: the freed blocks would go straight
+        # back to the queue head and the step would thrash.
+        while self.waiting and budget > 0 and not preempted:
+            group = self.waiting[0]
+            if self.num_running_seqs + group.num_slots > self.config.max_batch_size:
+                break
+            if not self._allocate(group):
+                break
+            self.waiting.popleft()
+            self.running.append(group)
+            for seq in group.unfinished_seqs():
+                seq.status = SequenceStatus.RUNNING
+                num_new = min(seq.num_uncomputed_tokens, budget)
+                if num_new == 0:
+                    continue
+                copies += self.block_manager.append_slots(seq, num_new)
+                chunks.append(self._chunk(group, seq, num_new))
+                budget -= num_new
+
+        return SchedulerStep(
+            chunks=tuple(chunks),
+            block_copies=tuple(copies),
+            preempted_request_ids=tuple(preempted),
+        )
+
+    def finish_step(self, step: SchedulerStep) -> None:
+        """Record that the step's chunks ran: their K/V is now in the pool."""
+        for chunk in step.chunks:
+            chunk.seq.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            self.block_manager.commit_computed(chunk.seq)
+            for sibling in chunk.samplers[1:]:
+                sibling.num_computed_tokens = chunk.seq.num_computed_tokens
+
+    def free_finished(self) -> list[SequenceGroup]:
+        """Free the blocks of finished sequences; drop and return the groups now finished."""
+        done: list[SequenceGroup] = []
+        for group in list(self.running):
+            for seq in group.seqs:
+                if seq.is_finished and seq.block_table:
+                    self.block_manager.free(seq)
+            if group.is_finished:
+                self.running.remove(group)
+                done.append(group)
+        return done
+
+    def _chunk(self, group: SequenceGroup, seq: Sequence, num_new: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        reaches_end = start + num_new == seq.num_tokens
+        samplers: tuple[Sequence, ...] = ()
+        if reaches_end:
+            samplers = (seq,)
+            if not group.is_forked and len(group.seqs) > 1:
+                for sibling in group.seqs[1:]:
+                    self.block_manager.fork(seq, sibling)
+                    sibling.status = SequenceStatus.RUNNING
+                group.is_forked = True
+                samplers = tuple(group.seqs)
+        return ScheduledChunk(seq=seq, start=start, num_new_tokens=num_new, samplers=samplers)
+
+    def _allocate(self, group: SequenceGroup) -> bool:
+        """Blocks for every unfinished sequence of ``group``, all or nothing."""
+        allocated: list[Sequence] = []
+        for seq in group.unfinished_seqs():
+            if not self.block_manager.can_allocate(seq):
+                for done in allocated:
+                    self.block_manager.free(done)
+                    done.num_computed_tokens = done.num_cached_tokens = 0
+                return False
+            self.block_manager.allocate(seq)
+            allocated.append(seq)
+        return True
+
+    def _preempt(self, group: SequenceGroup) -> None:
+        self.running.remove(group)
+        for seq in group.unfinished_seqs():
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+            seq.num_cached_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            seq.num_preemptions += 1
+        self.waiting.appendleft(group)
+        self.num_preemptions += 1

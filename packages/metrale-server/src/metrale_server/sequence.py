@@ -1,0 +1,75 @@
+"""``Sequence``: one generated continuation, its tokens and its place in the KV pool."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from metrale_server.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@attrs.define(eq=False, repr=False)
+class Sequence:
+    """Mutable state of one sequence. ``n > 1`` requests have one per output.
+
+    ``token_ids`` is prompt then output. The first ``num_computed_tokens`` tokens have their
+    K/V in the pool (in the blocks of ``block_table``); the rest still have to run through the
+    model. ``num_cached_tokens`` of the prompt came from the prefix cache at admission.
+    """
+
+    seq_id: int
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float
+    token_ids: list[int] = attrs.field(init=False)
+    block_table: list[int] = attrs.field(factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_preemptions: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        # Never prints token ids: a prompt must not reach a log through a repr.
+        return (
+            f"Sequence(id={self.seq_id}, request={self.request_id!r}, status={self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_table)})"
+        )
