@@ -23,6 +23,13 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = Engine(EngineArgs(model=model, **engine_args))
 
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """Wrap an engine built elsewhere (e.g. several engines sharing one loaded model)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        return llm
+
     def generate(
         self,
         prompts: PromptInput | Sequence[PromptInput],
