@@ -29,7 +29,14 @@ REFERENCE_DEPS = {
     "metrale-config": ("transformers>=5",),
     "metrale-kernels": ("transformers>=5",),
     "metrale-model-arch": ("transformers>=5", "accelerate", "sentencepiece", "protobuf"),
-    "metrale-server": ("transformers>=5", "accelerate", "sentencepiece", "protobuf"),
+    "metrale-server": (
+        "transformers>=5",
+        "accelerate",
+        "sentencepiece",
+        "protobuf",
+        "openai>=1.40",
+        "httpx>=0.27",
+    ),
 }
 
 

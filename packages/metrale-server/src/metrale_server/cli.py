@@ -1,13 +1,19 @@
-"""``met``: the command line (``met generate`` now; serve, memory and bench come as they land)."""
+"""``met``: the command line (``met generate``, ``met serve``; memory and bench come as they land).
+
+``metrale-serve`` is ``met serve`` as a command of its own.
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from metrale_config import ConfigError, check_environment
-from metrale_server.devices import DTYPES
+from metrale_config import ConfigError, check_environment, read_int_lever
+from metrale_server.devices import DTYPES, resolve_device
+from metrale_server.engine_args import EngineArgs
+from metrale_server.serve_args import LOG_LEVELS
 
 MODEL_HELP = (
     "A local model directory (config.json + safetensors), a .gguf file, or a name found in the "
@@ -19,6 +25,10 @@ MODEL_HELP = (
 @click.version_option(package_name="metrale-server", prog_name="met")
 def main() -> None:
     """Metrale: an LLM inference server."""
+    _check_environment()
+
+
+def _check_environment() -> None:
     try:
         check_environment()
     except ConfigError as error:
@@ -82,3 +92,244 @@ def generate(
     except (ValueError, OSError) as error:
         # Config, checkpoint, tokenizer and model-resolution errors all say what is wrong.
         raise click.ClickException(str(error)) from error
+
+
+_ENGINE_DEFAULTS = EngineArgs()
+_FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", required=False)
+@click.option(
+    "--host",
+    "--bind",
+    "host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. 0.0.0.0 or :: opens the server to every interface (logged "
+    "as a warning).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8888,
+    show_default=True,
+    help="TCP port; 0 picks a free one (the log says which).",
+)
+@click.option(
+    "--served-model-name",
+    "--model-name",
+    "served_model_name",
+    default=None,
+    help="The model name clients send and /v1/models lists. Default: MODEL as given, or the "
+    "GGUF file's stem.",
+)
+@click.option(
+    "--max-seq-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most tokens in one sequence (prompt + output). Default: the model's context length.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=_ENGINE_DEFAULTS.block_size,
+    show_default=True,
+    help="Tokens per KV-cache block.",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=0.9,
+    show_default=True,
+    help="Fraction of device memory the server may use, in (0, 1]. Stored for the memory "
+    "preflight of a later release: it does not size the KV pool yet (use --num-kv-blocks).",
+)
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(min=1),
+    default=_ENGINE_DEFAULTS.max_batch_size,
+    show_default=True,
+    help="Most sequences the engine runs in one step (a request with n > this is refused).",
+)
+@click.option(
+    "--max-prefill-tokens",
+    type=click.IntRange(min=1),
+    default=_ENGINE_DEFAULTS.max_batch_tokens,
+    show_default=True,
+    help="Token budget of one engine step (prompt chunks plus decodes); longer prompts are "
+    "prefilled in chunks.",
+)
+@click.option(
+    "--num-kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="KV pool size in blocks. Default: room for --max-batch-size full-length sequences, "
+    "at most 4 GiB of K/V, never less than one full-length sequence.",
+)
+@click.option(
+    "--enable-prefix-caching",
+    is_flag=True,
+    help="Reuse the KV blocks of prompt prefixes computed before.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", *DTYPES]),
+    default="auto",
+    show_default=True,
+    help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+)
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeatable; "
+    "/health* and /metrics stay open).",
+)
+@click.option(
+    "--api-key-file",
+    type=_FILE,
+    default=None,
+    help="Read more API keys from FILE, one per line.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.0),
+    default=300.0,
+    show_default=True,
+    help="Seconds a request may run; past it the request ends with finish_reason 'timeout'. "
+    "0 disables.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0.0),
+    default=30.0,
+    show_default=True,
+    help="After SIGTERM or SIGINT, seconds in-flight requests may still run before they are "
+    "aborted (a second signal exits at once).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=_ENGINE_DEFAULTS.seed,
+    show_default=True,
+    help="Seed of the sampler shared by requests that bring no seed of their own.",
+)
+@click.option(
+    "--chat-template",
+    type=_FILE,
+    default=None,
+    help="A Jinja2 chat template FILE to use instead of the model's own.",
+)
+@click.option(
+    "--no-tui",
+    is_flag=True,
+    help="Plain log lines, no terminal UI. Accepted for compatibility: there is no TUI yet, so "
+    "the log lines are always plain.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least severe log lines written to stderr.",
+)
+def serve(
+    model: str | None,
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    max_seq_len: int | None,
+    block_size: int,
+    gpu_memory_utilization: float,
+    max_batch_size: int,
+    max_prefill_tokens: int,
+    num_kv_blocks: int | None,
+    enable_prefix_caching: bool,
+    dtype: str,
+    device: str,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    request_timeout: float,
+    drain_timeout: float,
+    seed: int,
+    chat_template: Path | None,
+    no_tui: bool,
+    log_level: str,
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (default: the bundled SmolLM2).
+
+    /health answers 503 while the model loads, then 200. SIGTERM drains in-flight requests
+    (see --drain-timeout) and exits 0.
+    """
+    from metrale_model_arch import resolve_model
+    from metrale_server.serve_args import (
+        ServeArgs,
+        default_served_model_name,
+        read_api_key_file,
+        read_chat_template_file,
+    )
+
+    _check_environment()
+    del no_tui  # there is no TUI: the log lines are always plain
+    if any(not key.strip() for key in api_keys):
+        raise click.BadParameter("an API key must not be empty", param_hint="'--api-key'")
+    keys = tuple(key.strip() for key in api_keys)
+    if api_key_file is not None:
+        try:
+            keys += read_api_key_file(api_key_file)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--api-key-file'") from error
+    template = None
+    if chat_template is not None:
+        try:
+            template = read_chat_template_file(chat_template)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--chat-template'") from error
+    try:
+        resolve_device(device)
+    except (ValueError, RuntimeError) as error:
+        raise click.BadParameter(str(error), param_hint="'--device'") from error
+    if served_model_name is not None and not served_model_name.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--served-model-name'")
+    try:
+        source = resolve_model(model)
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from error
+    args = ServeArgs(
+        engine_args=EngineArgs(
+            model=model,
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            max_batch_tokens=max_prefill_tokens,
+            num_kv_blocks=num_kv_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+        ),
+        served_model_name=served_model_name or default_served_model_name(source),
+        host=host,
+        port=port,
+        api_keys=keys,
+        request_timeout_s=request_timeout or None,
+        drain_timeout_s=drain_timeout,
+        gpu_memory_utilization=gpu_memory_utilization,
+        chat_template=template,
+        max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
+        log_level=log_level.lower(),
+    )
+    from metrale_server.serve_command import ServeError, run_serve  # Hypercorn, Starlette
+
+    try:
+        exit_code = run_serve(args)
+    except ServeError as error:
+        raise click.ClickException(str(error)) from error
+    click.get_current_context().exit(exit_code)
+
+
+def serve_main() -> None:
+    """``metrale-serve``: ``met serve`` as a command of its own."""
+    serve.main(prog_name="metrale-serve")

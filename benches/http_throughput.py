@@ -1,0 +1,164 @@
+"""Output tokens/s over HTTP (``met serve`` + ``openai`` streaming) ÷ the offline engine's.
+
+    python benches/http_throughput.py [--quick] [--num-requests 64] [--max-batch-size 64]
+
+The workload: ``--num-requests`` streaming completions sent at once to a ``met serve`` child
+process on the bundled default model (float32, CPU), prompts of random token ids and output
+lengths drawn from seeded ranges, ``ignore_eos`` (through ``extra_body``) so every request
+makes exactly its tokens, temperature 0. Then the same prompts and sampling parameters go
+through ``metrale_server.LLM`` in this process with the same engine settings. Throughput =
+requested output tokens / wall time (first request sent to last stream closed), the best of
+``--repeats`` interleaved runs of each. Prints both and the ratio HTTP ÷ offline (goal >= 0.9).
+The client runs on the same machine as the server, so on a small box it takes CPU time the
+engine would otherwise have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+
+import openai
+
+from metrale_server import LLM, SamplingParams
+from metrale_server.serve_process import ServerProcess
+
+Workload = list[tuple[list[int], int]]
+
+
+def make_workload(
+    num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int
+) -> Workload:
+    rng = random.Random(seed)
+    return [
+        (
+            [rng.randrange(1000, 40000) for _ in range(rng.randint(*prompt_range))],
+            rng.randint(*output_range),
+        )
+        for _ in range(num_requests)
+    ]
+
+
+async def _stream_one(client: openai.AsyncOpenAI, model: str, prompt: list[int], n: int) -> int:
+    stream = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    num_tokens = 0
+    async for chunk in stream:
+        if chunk.usage is not None:
+            num_tokens = chunk.usage.completion_tokens
+    return num_tokens
+
+
+async def run_http(base_url: str, model: str, workload: Workload) -> float:
+    """Seconds from sending every request at once to the last stream's end."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600
+    ) as client:
+        await _stream_one(client, model, workload[0][0][:8], 2)  # warm-up
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(_stream_one(client, model, p, n) for p, n in workload))
+        elapsed = time.perf_counter() - start
+    assert counts == [n for _, n in workload], "a stream made fewer tokens than asked"
+    return elapsed
+
+
+def run_offline(llm: LLM, workload: Workload) -> float:
+    prompts = [{"prompt_token_ids": ids} for ids, _ in workload]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    llm.generate([{"prompt_token_ids": workload[0][0][:8]}], SamplingParams(max_tokens=2))
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    for output, (_, n) in zip(outputs, workload, strict=True):
+        assert output.error is None, output.error
+        assert len(output.outputs[0].token_ids) == n
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short requests, under a minute")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-prefill-tokens", type=int, default=2048)
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each (best counts)")
+    args = parser.parse_args()
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+
+    if args.quick:
+        workload = make_workload(args.num_requests, (16, 64), (8, 32), args.seed)
+    else:
+        workload = make_workload(args.num_requests, (64, 256), (16, 256), args.seed)
+    longest = max(len(ids) + n for ids, n in workload)
+    assert longest <= args.max_seq_len, f"raise --max-seq-len to {longest}"
+    # Room for every request at once, in whole blocks, and nothing more.
+    num_kv_blocks = sum(-(-(len(ids) + n) // 16) for ids, n in workload)
+    engine = {
+        "dtype": "float32",
+        "device": "cpu",
+        "max_batch_size": args.max_batch_size,
+        "max_batch_tokens": args.max_prefill_tokens,
+        "max_seq_len": args.max_seq_len,
+        "num_kv_blocks": num_kv_blocks,
+    }
+    num_output = sum(n for _, n in workload)
+    print(
+        f"requests: {len(workload)}  prompt tokens: {sum(len(ids) for ids, _ in workload)}  "
+        f"output tokens: {num_output}  engine: {engine}"
+    )
+
+    server = ServerProcess.start(
+        [
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--max-prefill-tokens",
+            str(args.max_prefill_tokens),
+            "--max-seq-len",
+            str(args.max_seq_len),
+            "--num-kv-blocks",
+            str(num_kv_blocks),
+        ]
+    )
+    http_times: list[float] = []
+    offline_times: list[float] = []
+    try:
+        server.wait_ready(timeout_s=300)
+        model = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused").models.list()
+        llm = LLM(None, **engine)
+        # Interleaved, best of N: an idle server costs no CPU, and on a shared machine the
+        # fastest run of each is the one least disturbed by others.
+        for _ in range(args.repeats):
+            http_times.append(asyncio.run(run_http(server.base_url, model.data[0].id, workload)))
+            offline_times.append(run_offline(llm, workload))
+    finally:
+        exit_code = server.stop(timeout_s=60)
+    assert exit_code == 0, server.log_text()
+    http_rate = num_output / min(http_times)
+    offline_rate = num_output / min(offline_times)
+    print(f"HTTP:    {http_rate:.1f} output tok/s (runs: {_seconds(http_times)})")
+    print(f"offline: {offline_rate:.1f} output tok/s (runs: {_seconds(offline_times)})")
+    print(f"ratio HTTP / offline: {http_rate / offline_rate:.2f} (goal >= 0.9)")
+
+
+def _seconds(times: list[float]) -> str:
+    return ", ".join(f"{t:.1f} s" for t in times)
+
+
+if __name__ == "__main__":
+    main()

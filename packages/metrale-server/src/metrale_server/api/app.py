@@ -1,0 +1,68 @@
+"""``create_app``: the Starlette application for one ``ServerState``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from metrale_server.api import misc_routes
+from metrale_server.api.auth import AuthMiddleware
+from metrale_server.api.body_limit import BodyLimitMiddleware
+from metrale_server.api.chat import create_chat_completion
+from metrale_server.api.completions import create_completion
+from metrale_server.api.errors import (
+    ApiError,
+    InternalErrorMiddleware,
+    api_error_handler,
+    http_exception_handler,
+)
+from metrale_server.api.state import ServerState
+
+ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(state: ServerState) -> Starlette:
+    """The OpenAI-compatible API over ``state``; routes, middleware and error shapes.
+
+    Middleware, outermost first: internal errors become 500s, then auth, then the body limit.
+    """
+
+    def bound(endpoint: Callable[..., Awaitable[Response]]) -> Endpoint:
+        return partial(endpoint, state=state)
+
+    routes = [
+        Route("/v1/completions", bound(create_completion), methods=["POST"]),
+        Route("/v1/chat/completions", bound(create_chat_completion), methods=["POST"]),
+        Route("/v1/models", bound(misc_routes.list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", bound(misc_routes.get_model), methods=["GET"]),
+        Route("/health", bound(misc_routes.health), methods=["GET"]),
+        Route("/health/live", misc_routes.health_live, methods=["GET"]),
+        Route("/metrics", bound(misc_routes.metrics), methods=["GET"]),
+        Route("/version", misc_routes.server_version, methods=["GET"]),
+        Route("/tokenize", bound(misc_routes.tokenize), methods=["POST"]),
+        Route("/detokenize", bound(misc_routes.detokenize), methods=["POST"]),
+    ]
+    for prefix in misc_routes.NOT_IMPLEMENTED_PREFIXES:
+        for path in (f"/v1/{prefix}", f"/v1/{prefix}/{{rest:path}}"):
+            routes.append(Route(path, misc_routes.not_implemented, methods=ANY_METHOD))
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(InternalErrorMiddleware),
+            Middleware(AuthMiddleware, state=state),
+            Middleware(BodyLimitMiddleware, state=state),
+        ],
+        exception_handlers={
+            ApiError: api_error_handler,
+            HTTPException: http_exception_handler,
+        },
+    )

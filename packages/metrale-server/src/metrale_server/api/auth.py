@@ -1,0 +1,47 @@
+"""Bearer-token auth as a plain ASGI middleware; health and metrics stay open."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from metrale_server.api.errors import ApiError, closing_if_body
+from metrale_server.api.state import ServerState
+
+OPEN_PATHS = frozenset({"/health", "/health/live", "/metrics"})
+
+
+def is_authorized(authorization: str | None, api_keys: tuple[str, ...]) -> bool:
+    """``Authorization: Bearer K`` with K one of ``api_keys``; every key is compared, each in
+    constant time, so the time taken says nothing about which key came close."""
+    scheme, _, token = (authorization or "").partition(" ")
+    presented = token.strip().encode() if scheme.lower() == "bearer" else b""
+    matches = [hmac.compare_digest(presented, key.encode()) for key in api_keys]
+    return bool(presented) and any(matches)
+
+
+class AuthMiddleware:
+    """401 for a request without a valid key, when ``state.api_keys`` is not empty."""
+
+    def __init__(self, app: ASGIApp, *, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        api_keys = self.state.api_keys
+        if scope["type"] != "http" or not api_keys or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not is_authorized(headers.get("authorization"), api_keys):
+            error = ApiError(
+                401,
+                "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer", **closing_if_body(headers)},
+            )
+            await error.to_response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

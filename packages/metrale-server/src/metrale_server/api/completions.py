@@ -1,0 +1,136 @@
+"""``POST /v1/completions``: the legacy text completion, whole or streamed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from functools import partial
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from metrale_server.api.fields import parse_json_object
+from metrale_server.api.generation import (
+    Generation,
+    close_all,
+    final_outputs,
+    merge_outputs,
+    start_generations,
+)
+from metrale_server.api.logprobs import completion_logprobs
+from metrale_server.api.protocol import CompletionRequest, Prompt, parse_completion_request
+from metrale_server.api.responses import (
+    ChoiceProgress,
+    ResponseHeader,
+    raise_if_failed,
+    usage_body,
+)
+from metrale_server.api.state import ServerState
+from metrale_server.api.streaming import EventStreamResponse, sse_event
+from metrale_server.outputs import RequestOutput
+
+
+async def create_completion(request: Request, *, state: ServerState) -> Response:
+    body = parse_json_object(await request.body())
+    parsed = parse_completion_request(body, state.engine, state.served_model_name)
+    header = ResponseHeader.new(
+        id_prefix="cmpl", object="text_completion", model=state.served_model_name
+    )
+    generations = start_generations(state, header.id, parsed.prompts)
+    if parsed.stream.is_streamed:
+        return EventStreamResponse(
+            completion_events(state, parsed, generations, header),
+            on_close=partial(close_all, generations),
+        )
+    finals = await final_outputs(generations, request.receive)
+    return JSONResponse(completion_body(state, parsed, finals, header))
+
+
+def echo_text(state: ServerState, prompt: Prompt) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return state.engine.loaded.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+
+
+def completion_body(
+    state: ServerState,
+    request: CompletionRequest,
+    finals: Sequence[RequestOutput],
+    header: ResponseHeader,
+) -> dict[str, Any]:
+    choices = []
+    for index, (prompt, final) in enumerate(zip(request.prompts, finals, strict=True)):
+        raise_if_failed(final)
+        prefix = echo_text(state, prompt) if request.is_echo else ""
+        for output in final.outputs:
+            logprobs = None
+            if request.num_logprobs is not None:
+                logprobs = completion_logprobs(
+                    output.logprobs or (), state.token_texts, text_offset=len(prefix)
+                )
+            choices.append(
+                {
+                    "index": index * request.n + output.index,
+                    "text": prefix + output.text,
+                    "logprobs": logprobs,
+                    "finish_reason": output.finish_reason,
+                    "stop_reason": output.stop_reason,
+                }
+            )
+    return header.body(choices, usage=usage_body(request.prompts, finals))
+
+
+async def completion_events(
+    state: ServerState,
+    request: CompletionRequest,
+    generations: Sequence[Generation],
+    header: ResponseHeader,
+) -> AsyncGenerator[str, None]:
+    """One chunk per choice whenever it has new text, logprobs or its finish reason."""
+    extra = {"usage": None} if request.stream.include_usage else {}
+    progress = [ChoiceProgress() for _ in range(len(request.prompts) * request.n)]
+    if request.is_echo:
+        for index, prompt in enumerate(request.prompts):
+            prefix = echo_text(state, prompt)
+            for choice in range(index * request.n, (index + 1) * request.n):
+                progress[choice].text_offset = len(prefix)
+                yield sse_event(header.body([_choice(choice, prefix, None, None)], **extra))
+    finals: list[RequestOutput] = []
+    merged = merge_outputs(generations)
+    try:
+        async for index, output in merged:
+            raise_if_failed(output)
+            if output.finished:
+                finals.append(output)
+            for completion in output.outputs:
+                choice = index * request.n + completion.index
+                sent = progress[choice]
+                entries = sent.new_logprobs(completion)
+                if not sent.has_news(completion, entries):
+                    continue
+                logprobs = None
+                if request.num_logprobs is not None:
+                    logprobs = completion_logprobs(
+                        entries, state.token_texts, text_offset=sent.text_offset
+                    )
+                    sent.text_offset += sum(len(token) for token in logprobs["tokens"])
+                yield sse_event(
+                    header.body(
+                        [
+                            _choice(
+                                choice, completion.delta_text, logprobs, completion.finish_reason
+                            )
+                        ],
+                        **extra,
+                    )
+                )
+    finally:
+        await merged.aclose()
+    if request.stream.include_usage:
+        yield sse_event(header.body([], usage=usage_body(request.prompts, finals)))
+
+
+def _choice(
+    index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}

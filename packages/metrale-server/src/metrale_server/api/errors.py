@@ -1,0 +1,135 @@
+"""OpenAI-shaped errors: the exception routes raise, and the handlers that render it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+# For a response sent before the request body was read: the client must not reuse the
+# connection, whose unread body the server discards by closing it.
+CLOSE_CONNECTION = {"Connection": "close"}
+
+
+def has_body(headers: Headers) -> bool:
+    """Whether the request declares a body (which an early response leaves unread)."""
+    return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+
+
+def closing_if_body(headers: Headers) -> dict[str, str]:
+    return dict(CLOSE_CONNECTION) if has_body(headers) else {}
+
+
+_TYPE_BY_STATUS = {501: "not_implemented_error", 503: "service_unavailable_error"}
+
+
+def error_type_for(status: int) -> str:
+    """OpenAI's ``error.type`` for an HTTP status: ``invalid_request_error`` for every 4xx."""
+    return _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+class ApiError(Exception):
+    """A request the API refuses or could not serve: an HTTP status and OpenAI's error fields.
+
+    ``param`` names the request field at fault (``"max_tokens"``, ``"messages[0].role"``) or
+    is ``None`` when no single field is.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or error_type_for(status)
+        self.headers = headers
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_response(self) -> JSONResponse:
+        return JSONResponse(self.to_body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, *, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+async def api_error_handler(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return error.to_response()
+
+
+async def http_exception_handler(request: Request, error: Exception) -> Response:
+    """Starlette's own 404 / 405 (and any other ``HTTPException``) in the OpenAI shape."""
+    assert isinstance(error, HTTPException)
+    if error.status_code == 404:
+        message = f"no route for {request.method} {request.url.path}"
+    elif error.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = error.detail or HTTPStatus(error.status_code).phrase
+    headers = {**(error.headers or {}), **closing_if_body(request.headers)}
+    return ApiError(error.status_code, message, headers=headers).to_response()
+
+
+class InternalErrorMiddleware:
+    """An exception escaping a route becomes a 500 in the OpenAI shape; the server goes on.
+
+    Once a response has started nothing can be sent in its place, so the exception is
+    re-raised for the server to close the connection.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        is_started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal is_started
+            is_started = is_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client left while sending its body: nobody to answer
+        except Exception as error:
+            if is_started:
+                raise
+            logger.exception("internal error serving %s %s", scope["method"], scope["path"])
+            response = ApiError(
+                500,
+                f"internal server error ({type(error).__name__})",
+                headers=closing_if_body(Headers(scope=scope)),
+            )
+            await response.to_response()(scope, receive, send)

@@ -1,0 +1,158 @@
+"""Typed reads of a JSON request body; a wrong type or value is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from metrale_server.api.errors import bad_request
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; NaN and Infinity are refused like any malformed JSON."""
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw, parse_constant=refuse_constant)
+    except (ValueError, RecursionError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_json_type(body)}")
+    return body
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def is_int(value: object) -> bool:
+    """A JSON integer (``true`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Fields:
+    """Reads of one JSON object's fields. Absent and ``null`` fields read as the default.
+
+    ``prefix`` is prepended to field names in errors (``"stream_options."``).
+    """
+
+    def __init__(self, body: Mapping[str, Any], prefix: str = "") -> None:
+        self.body = body
+        self.prefix = prefix
+
+    def param(self, name: str) -> str:
+        return self.prefix + name
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def raw(self, name: str) -> Any:
+        return self.body.get(name)
+
+    def fail(self, name: str, message: str) -> NoReturn:
+        raise bad_request(f"{self.param(name)}: {message}", param=self.param(name))
+
+    def read_int(
+        self,
+        name: str,
+        default: int,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int:
+        value = self.read_optional_int(name, minimum=minimum, maximum=maximum)
+        return default if value is None else value
+
+    def read_optional_int(
+        self, name: str, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if not is_int(value):
+            self.fail(name, f"expected an integer, got {_json_type(value)}")
+        self._check_range(name, value, minimum, maximum)
+        return int(value)
+
+    def read_float(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        exclusive_minimum: bool = False,
+    ) -> float:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            self.fail(name, f"expected a number, got {_json_type(value)}")
+        number = float(value)
+        if not math.isfinite(number):
+            self.fail(name, "must be a finite number")
+        if exclusive_minimum and minimum is not None and number <= minimum:
+            self.fail(name, f"must be greater than {minimum:g}, got {number:g}")
+        self._check_range(name, number, None if exclusive_minimum else minimum, maximum)
+        return number
+
+    def read_bool(self, name: str, default: bool) -> bool:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.fail(name, f"expected a boolean, got {_json_type(value)}")
+        return bool(value)
+
+    def read_optional_str(self, name: str) -> str | None:
+        value = self.body.get(name)
+        if value is not None and not isinstance(value, str):
+            self.fail(name, f"expected a string, got {_json_type(value)}")
+        return value
+
+    def read_object(self, name: str) -> Fields:
+        """A nested object's fields (empty when absent)."""
+        value = self.body.get(name)
+        if value is None:
+            return Fields({}, f"{self.param(name)}.")
+        if not isinstance(value, dict):
+            self.fail(name, f"expected an object, got {_json_type(value)}")
+        return Fields(value, f"{self.param(name)}.")
+
+    def read_list(self, name: str) -> list[Any] | None:
+        value = self.body.get(name)
+        if value is not None and not isinstance(value, list):
+            self.fail(name, f"expected an array, got {_json_type(value)}")
+        return value
+
+    def _check_range(
+        self, name: str, value: float, minimum: float | None, maximum: float | None
+    ) -> None:
+        if minimum is not None and value < minimum:
+            self.fail(name, f"must be at least {minimum:g}, got {_number(value)}")
+        if maximum is not None and value > maximum:
+            self.fail(name, f"must be at most {maximum:g}, got {_number(value)}")
+
+
+def describe(value: object) -> str:
+    """How an error message names a JSON value's type."""
+    return _json_type(value)
+
+
+def _number(value: float) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 24 else text[:21] + "..."

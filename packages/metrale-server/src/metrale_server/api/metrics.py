@@ -1,0 +1,159 @@
+"""Prometheus metrics named after vLLM's (``metrale_*``), one registry per app.
+
+Gauges and engine-wide counters are read from the engine at scrape time; latency histograms
+and finished-request counts are recorded by the API as requests end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from metrale_server.engine import Engine
+from metrale_server.outputs import RequestOutput
+
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                  7.5, 10.0, 20.0, 40.0, 80.0, 160.0)  # fmt: skip
+TPOT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                  1.0, 2.5, 5.0, 7.5, 10.0)  # fmt: skip
+E2E_BUCKETS_S = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                 50.0, 60.0, 120.0, 240.0, 480.0)  # fmt: skip
+
+
+class _EngineCollector(Collector):
+    """What the engine knows, read when ``/metrics`` is scraped (plain int reads, any thread)."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self._engine = engine
+        self._labels = [model_name]
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine
+        prefix = engine.block_manager.stats
+        stats = engine.stats
+        yield self._gauge(
+            "metrale_num_requests_running",
+            "Requests in the running batch.",
+            len(engine.scheduler.running),
+        )
+        yield self._gauge(
+            "metrale_num_requests_waiting",
+            "Requests waiting to be scheduled.",
+            len(engine.scheduler.waiting),
+        )
+        yield self._gauge(
+            "metrale_kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0..1).",
+            engine.block_manager.usage,
+        )
+        yield self._counter(
+            "metrale_prompt_tokens",
+            "Prompt tokens computed (prefill).",
+            stats.num_prompt_tokens_computed,
+        )
+        yield self._counter(
+            "metrale_generation_tokens", "Tokens generated.", stats.num_generated_tokens
+        )
+        yield self._counter(
+            "metrale_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            prefix.num_queried_tokens,
+        )
+        yield self._counter(
+            "metrale_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            prefix.num_hit_tokens,
+        )
+        yield self._counter(
+            "metrale_num_preemptions",
+            "Sequences preempted for lack of KV blocks.",
+            stats.num_preemptions,
+        )
+
+    def _gauge(self, name: str, documentation: str, value: float) -> Metric:
+        family = GaugeMetricFamily(name, documentation, labels=["model_name"])
+        family.add_metric(self._labels, value)
+        return family
+
+    def _counter(self, name: str, documentation: str, value: float) -> Metric:
+        family = CounterMetricFamily(name, documentation, labels=["model_name"])
+        family.add_metric(self._labels, value)
+        return family
+
+
+class ServerMetrics:
+    """The ``/metrics`` registry of one app: engine readings plus per-request latencies."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine, model_name))
+        self._model_name = model_name
+        labels = ["model_name"]
+        self.time_to_first_token = Histogram(
+            "metrale_time_to_first_token_seconds",
+            "Time from the request's arrival to its first generated token.",
+            labels,
+            buckets=TTFT_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
+        self.time_per_output_token = Histogram(
+            "metrale_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per request.",
+            labels,
+            buckets=TPOT_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
+        self.e2e_request_latency = Histogram(
+            "metrale_e2e_request_latency_seconds",
+            "Time from the request's arrival to its end.",
+            labels,
+            buckets=E2E_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
+        self._request_success = Counter(
+            "metrale_request_success",
+            "Finished outputs by finish reason.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def track(self) -> RequestTracker:
+        """A tracker for one request arriving now."""
+        return RequestTracker(self)
+
+    def count_finished(self, finish_reason: str) -> None:
+        self._request_success.labels(self._model_name, finish_reason).inc()
+
+
+class RequestTracker:
+    """Feeds one request's outputs to the histograms; records once, when it finishes."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+        self._arrival = time.monotonic()
+        self._first_token_at: float | None = None
+
+    def observe(self, output: RequestOutput) -> None:
+        now = time.monotonic()
+        if self._first_token_at is None and any(o.token_ids for o in output.outputs):
+            self._first_token_at = now
+            self._metrics.time_to_first_token.observe(now - self._arrival)
+        if not output.finished or output.error is not None:
+            return
+        self._metrics.e2e_request_latency.observe(now - self._arrival)
+        num_tokens = max((len(o.token_ids) for o in output.outputs), default=0)
+        if self._first_token_at is not None and num_tokens > 1:
+            self._metrics.time_per_output_token.observe(
+                (now - self._first_token_at) / (num_tokens - 1)
+            )
+        for completion in output.outputs:
+            if completion.finish_reason is not None:
+                self._metrics.count_finished(completion.finish_reason)

@@ -1,0 +1,120 @@
+"""Models, health, metrics, version, tokenize / detokenize, and the 501 stubs."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from metrale_server.api.errors import ApiError, bad_request, closing_if_body
+from metrale_server.api.fields import Fields, is_int, parse_json_object
+from metrale_server.api.protocol import check_model, read_messages, render_messages
+from metrale_server.api.state import ServerState
+
+NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
+
+
+def model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "metrale",
+        "root": str(state.engine.loaded.source.path),
+        "max_model_len": state.engine.max_seq_len,
+    }
+
+
+async def list_models(request: Request, *, state: ServerState) -> Response:
+    return JSONResponse({"object": "list", "data": [model_card(state)]})
+
+
+async def get_model(request: Request, *, state: ServerState) -> Response:
+    model_id = request.path_params["model_id"]
+    if model_id != state.served_model_name:
+        raise ApiError(
+            404, f"the model {model_id!r} does not exist", param="model", code="model_not_found"
+        )
+    return JSONResponse(model_card(state))
+
+
+async def health(request: Request, *, state: ServerState) -> Response:
+    """200 once ready; 503 while loading, draining, or after the engine thread died."""
+    if state.is_draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    if not state.is_ready:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    if not state.async_engine.is_running:
+        return JSONResponse(
+            {"status": "faulted", "reason": "the engine thread stopped"}, status_code=503
+        )
+    return JSONResponse({"status": "ready", "model": state.served_model_name})
+
+
+async def health_live(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request, *, state: ServerState) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def server_version(request: Request) -> Response:
+    return JSONResponse({"version": version("metrale-server")})
+
+
+async def tokenize(request: Request, *, state: ServerState) -> Response:
+    """vLLM's shape: ``prompt`` (or chat ``messages``) → ``{count, max_model_len, tokens}``."""
+    fields = Fields(parse_json_object(await request.body()))
+    check_model(fields, state.served_model_name)
+    loaded = state.engine.loaded
+    if fields.has("messages"):
+        text = render_messages(
+            state.engine,
+            read_messages(fields),
+            add_generation_prompt=fields.read_bool("add_generation_prompt", True),
+        )
+        add_special_tokens = fields.read_bool("add_special_tokens", False)
+    else:
+        prompt = fields.read_optional_str("prompt")
+        if prompt is None:
+            raise bad_request("prompt: is required (or messages)", param="prompt")
+        text = prompt
+        add_special_tokens = fields.read_bool("add_special_tokens", True)
+    tokens = loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    token_strs = None
+    if fields.read_bool("return_token_strs", False):
+        token_strs = [loaded.tokenizer.id_to_token(token) for token in tokens]
+    return JSONResponse(
+        {
+            "count": len(tokens),
+            "max_model_len": state.engine.max_seq_len,
+            "tokens": tokens,
+            "token_strs": token_strs,
+        }
+    )
+
+
+async def detokenize(request: Request, *, state: ServerState) -> Response:
+    """vLLM's shape: ``{tokens}`` → ``{prompt}``."""
+    fields = Fields(parse_json_object(await request.body()))
+    check_model(fields, state.served_model_name)
+    tokens = fields.read_list("tokens")
+    vocab_size = state.engine.loaded.config.vocab_size
+    if tokens is None:
+        fields.fail("tokens", "is required")
+    if not all(is_int(t) and 0 <= t < vocab_size for t in tokens):
+        fields.fail("tokens", f"expected token ids in 0..{vocab_size - 1}")
+    return JSONResponse({"prompt": state.engine.loaded.tokenizer.decode(tokens)})
+
+
+async def not_implemented(request: Request) -> Response:
+    raise ApiError(
+        501,
+        f"{request.method} {request.url.path} is not implemented by this server",
+        code="not_implemented",
+        headers=closing_if_body(request.headers),
+    )

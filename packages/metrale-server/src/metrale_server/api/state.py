@@ -1,0 +1,61 @@
+"""``ServerState``: what the HTTP app serves and the flags the server process flips."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import attrs
+
+from metrale_server.api.logprobs import TokenTexts
+from metrale_server.api.metrics import ServerMetrics
+from metrale_server.async_engine import AsyncEngine
+from metrale_server.engine import Engine
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+
+
+def _keys(keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(keys)
+
+
+def _timeout_s(value: float | None) -> float | None:
+    """``None`` or 0 disables the request timeout."""
+    if value is None or value == 0:
+        return None
+    if value < 0:
+        raise ValueError(f"request_timeout_s must be >= 0, got {value}")
+    return float(value)
+
+
+@attrs.define(eq=False, kw_only=True)
+class ServerState:
+    """One served model and the settings every request reads.
+
+    Fields are read per request, so changing ``api_keys``, ``request_timeout_s`` or
+    ``max_body_bytes`` takes effect at once. ``is_ready`` turns ``/health`` to 200;
+    ``is_draining`` (set on shutdown) answers new generation requests with 503 while the ones
+    in flight (``num_active_requests``) finish.
+    """
+
+    async_engine: AsyncEngine
+    engine: Engine
+    served_model_name: str
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
+    request_timeout_s: float | None = attrs.field(default=None, converter=_timeout_s)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics: ServerMetrics = attrs.field(
+        default=attrs.Factory(
+            lambda self: ServerMetrics(self.engine, self.served_model_name), takes_self=True
+        )
+    )
+    token_texts: TokenTexts = attrs.field(
+        default=attrs.Factory(
+            lambda self: TokenTexts(self.engine.loaded.tokenizer), takes_self=True
+        ),
+        repr=False,
+    )
+    started_at: float = attrs.field(factory=time.time)
+    is_ready: bool = False
+    is_draining: bool = False
+    num_active_requests: int = 0

@@ -1,0 +1,79 @@
+"""``ServeArgs``: what ``met serve`` was asked for, checked, plus the parsers for its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from metrale_model_arch import ChatTemplate, ModelSource
+from metrale_server.engine_args import EngineArgs
+
+ALL_INTERFACES = frozenset({"0.0.0.0", "::", "[::]", ""})
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@attrs.frozen(kw_only=True)
+class ServeArgs:
+    """The server's settings; ``engine_args`` shapes the engine, the rest the HTTP side.
+
+    ``request_timeout_s`` is ``None`` when requests may run for ever; ``drain_timeout_s`` bounds
+    how long in-flight requests may run after SIGTERM. ``gpu_memory_utilization`` is stored
+    for the memory preflight; nothing sizes the KV pool from it yet.
+    """
+
+    engine_args: EngineArgs
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8888
+    api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    request_timeout_s: float | None = 300.0
+    drain_timeout_s: float = 30.0
+    gpu_memory_utilization: float = 0.9
+    chat_template: ChatTemplate | None = None
+    max_body_bytes: int = 32 * 2**20
+    log_level: str = "info"
+
+    @property
+    def is_all_interfaces(self) -> bool:
+        return self.host in ALL_INTERFACES
+
+    @property
+    def bind(self) -> str:
+        """The address as Hypercorn takes it (IPv6 hosts in brackets)."""
+        host = self.host.strip("[]")
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+def default_served_model_name(source: ModelSource) -> str:
+    """A GGUF file serves under its file stem; anything else under the name it was asked by."""
+    return source.path.stem if source.kind == "gguf" else source.name
+
+
+def read_api_key_file(path: str | Path) -> tuple[str, ...]:
+    """One key per line; blank lines and surrounding whitespace are ignored.
+
+    Raises ``ValueError`` when the file cannot be read or holds no key.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {error}") from error
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not keys:
+        raise ValueError(f"{path} holds no API key (one key per line)")
+    return keys
+
+
+def read_chat_template_file(path: str | Path) -> ChatTemplate:
+    """A Jinja2 chat template file, compiled; raises ``ValueError`` if it cannot be used.
+
+    The special-token variables (``bos_token``...) are filled in once the tokenizer is loaded.
+    """
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {error}") from error
+    if not source.strip():
+        raise ValueError(f"{path} is empty")
+    return ChatTemplate(source=source, origin=str(path))  # ChatTemplateError is a ValueError

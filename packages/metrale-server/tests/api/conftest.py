@@ -1,0 +1,177 @@
+"""A real server for the API tests: Hypercorn on a free 127.0.0.1 port, in a background thread,
+serving the tiny random Llama through an ``AsyncEngine``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from starlette.applications import Starlette
+
+from metrale_server import AsyncEngine, Engine, EngineArgs
+from metrale_server.api import ServerState, create_app
+
+MODEL_NAME = "tiny-llama"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_in_thread(app: Starlette) -> Iterator[str]:
+    """Run ``app`` under Hypercorn until the block exits; yields the base URL."""
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.graceful_timeout = 2.0
+    started = threading.Event()
+    control: dict[str, Any] = {}
+
+    def run() -> None:
+        async def main() -> None:
+            stop = asyncio.Event()
+            control["loop"], control["stop"] = asyncio.get_running_loop(), stop
+            started.set()
+            await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, name="test-hypercorn", daemon=True)
+    thread.start()
+    started.wait(10)
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if httpx.get(f"{base_url}/health/live", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test server did not come up")
+        time.sleep(0.05)
+    try:
+        yield base_url
+    finally:
+        control["loop"].call_soon_threadsafe(control["stop"].set)
+        thread.join(15)
+
+
+@attrs.define
+class RunningServer:
+    """The server under test, with the objects behind it and a client to talk to it."""
+
+    base_url: str
+    state: ServerState
+    app: Starlette
+    engine: Engine
+    client: httpx.Client
+
+    @contextmanager
+    def overridden(self, **fields: Any) -> Iterator[None]:
+        """Set ``ServerState`` fields for the duration of the block."""
+        saved = {name: getattr(self.state, name) for name in fields}
+        for name, value in fields.items():
+            setattr(self.state, name, value)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self.state, name, value)
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample's value from ``/metrics`` (0 if absent); ``labels`` is a substring the
+        sample's label set must contain."""
+        text = self.client.get("/metrics").text
+        for line in text.splitlines():
+            if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    @staticmethod
+    def parse_sse(raw: bytes) -> list[Any]:
+        return parse_sse(raw)
+
+    def wait_idle(self, timeout_s: float = 10.0) -> None:
+        """Until the engine holds no request and every KV block is free again."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (
+                self.metric("metrale_num_requests_running") == 0
+                and self.metric("metrale_num_requests_waiting") == 0
+                and self.engine.block_manager.num_free_blocks == self.engine.num_kv_blocks
+                and self.state.num_active_requests == 0
+            ):
+                return
+            time.sleep(0.02)
+        raise AssertionError("the server did not become idle")
+
+
+def parse_sse(raw: bytes) -> list[Any]:
+    """The events of an SSE body, checking the framing exactly: ``data: {json}\\n\\n`` frames,
+    then ``data: [DONE]\\n\\n`` last. Returns the decoded JSON payloads."""
+    assert raw.endswith(b"data: [DONE]\n\n"), raw[-200:]
+    frames = raw.split(b"\n\n")
+    assert frames[-1] == b""
+    assert frames[-2] == b"data: [DONE]"
+    payloads = []
+    for frame in frames[:-2]:
+        assert frame.startswith(b"data: "), frame
+        assert b"\n" not in frame
+        payloads.append(json.loads(frame[len(b"data: ") :].decode("utf-8")))
+    return payloads
+
+
+@contextmanager
+def running_server(engine: Engine, model_name: str = MODEL_NAME) -> Iterator[RunningServer]:
+    """``engine`` served over HTTP until the block exits."""
+    async_engine = AsyncEngine(engine)
+    state = ServerState(
+        async_engine=async_engine,
+        engine=engine,
+        served_model_name=model_name,
+        api_keys=(),
+        request_timeout_s=None,
+        max_body_bytes=1 << 20,
+    )
+    state.is_ready = True
+    app = create_app(state)
+    try:
+        with (
+            serve_in_thread(app) as base_url,
+            httpx.Client(base_url=base_url, timeout=60) as client,
+        ):
+            yield RunningServer(
+                base_url=base_url, state=state, app=app, engine=engine, client=client
+            )
+    finally:
+        async_engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_engine() -> Callable[..., AbstractContextManager[RunningServer]]:
+    """``with serve_engine(engine, name) as server:`` for tests that need their own model."""
+    return running_server
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    engine = Engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=32))
+    with running_server(engine) as running:
+        yield running

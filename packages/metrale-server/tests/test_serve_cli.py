@@ -1,0 +1,172 @@
+"""``met serve`` / ``metrale-serve`` flags: documented, bad values refused naming the flag."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from metrale_server.cli import main
+
+SERVE_FLAGS = (
+    "--host",
+    "--bind",
+    "--port",
+    "--served-model-name",
+    "--model-name",
+    "--max-seq-len",
+    "--block-size",
+    "--gpu-memory-utilization",
+    "--max-batch-size",
+    "--max-prefill-tokens",
+    "--num-kv-blocks",
+    "--enable-prefix-caching",
+    "--dtype",
+    "--device",
+    "--api-key",
+    "--api-key-file",
+    "--request-timeout",
+    "--drain-timeout",
+    "--seed",
+    "--chat-template",
+    "--no-tui",
+    "--log-level",
+)
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def _options(help_text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text))
+
+
+def test_help_documents_every_flag(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0, result.output
+    assert set(SERVE_FLAGS) <= _options(result.output)
+    assert "[MODEL]" in result.output
+    assert "memory preflight" in result.output  # --gpu-memory-utilization does not size yet
+
+
+def test_metrale_serve_is_the_same_command(runner: CliRunner) -> None:
+    met = runner.invoke(main, ["serve", "--help"])
+    standalone = subprocess.run(
+        [sys.executable, "-c", "from metrale_server.cli import serve_main; serve_main()", "-h"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert standalone.returncode == 0, standalone.stderr
+    assert standalone.stdout.startswith("Usage: metrale-serve [OPTIONS] [MODEL]")
+    assert _options(standalone.stdout) == _options(met.output)
+
+
+def test_metrale_serve_script_is_declared() -> None:
+    (script,) = entry_points(group="console_scripts", name="metrale-serve")
+    assert script.value == "metrale_server.cli:serve_main"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--port", "70000"], "--port"),
+        (["--port", "http"], "--port"),
+        (["--max-seq-len", "0"], "--max-seq-len"),
+        (["--block-size", "0"], "--block-size"),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+        (["--max-batch-size", "0"], "--max-batch-size"),
+        (["--max-batch-size", "two"], "--max-batch-size"),
+        (["--max-prefill-tokens", "-1"], "--max-prefill-tokens"),
+        (["--num-kv-blocks", "0"], "--num-kv-blocks"),
+        (["--dtype", "int3"], "--dtype"),
+        (["--device", "tpu"], "--device"),
+        (["--device", "nonsense:x"], "--device"),
+        (["--request-timeout", "-1"], "--request-timeout"),
+        (["--drain-timeout", "soon"], "--drain-timeout"),
+        (["--seed", "abc"], "--seed"),
+        (["--seed", "-3"], "--seed"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--api-key", ""], "--api-key"),
+        (["--api-key", "  "], "--api-key"),
+        (["--served-model-name", ""], "--served-model-name"),
+        (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
+        (["--api-key-file", "/no/such/keys.txt"], "--api-key-file"),
+    ],
+)
+def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str) -> None:
+    result = runner.invoke(main, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+
+
+def test_empty_api_key_file_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.txt"
+    keys.write_text("\n   \n\n")
+    result = runner.invoke(main, ["serve", "--api-key-file", str(keys)])
+    assert result.exit_code == 2
+    assert "--api-key-file" in result.output
+    assert "no API key" in result.output
+
+
+def test_api_key_file_that_is_a_directory_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["serve", "--api-key-file", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--api-key-file" in result.output
+
+
+def test_broken_chat_template_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for message in messages %}{{ message['content'] }")
+    result = runner.invoke(main, ["serve", "--chat-template", str(template)])
+    assert result.exit_code == 2
+    assert "--chat-template" in result.output
+    assert str(template) in result.output
+
+
+def test_empty_chat_template_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    template = tmp_path / "chat.jinja"
+    template.write_text("\n")
+    result = runner.invoke(main, ["serve", "--chat-template", str(template)])
+    assert result.exit_code == 2
+    assert "--chat-template" in result.output
+
+
+def test_missing_model_says_where_it_looked(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["serve", "no/such-model"])
+    assert result.exit_code == 1
+    assert "no/such-model" in result.output
+    assert "Looked at" in result.output
+
+
+def test_undeclared_lever_is_refused(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["serve"], env={"METRALE_MAX_BODY_BYTE": "1"})
+    assert result.exit_code == 2
+    assert "METRALE_MAX_BODY_BYTE" in result.output
+
+
+def test_port_in_use_names_the_flags(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "metrale_server", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1, result.stderr
+    assert "--host/--port" in result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr
