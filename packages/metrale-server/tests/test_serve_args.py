@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,20 @@ def test_served_name_of_a_gguf_is_its_stem() -> None:
 def test_served_name_of_a_directory_is_the_name_asked_for(tmp_path: Path) -> None:
     source = ModelSource(kind="dir", path=tmp_path, name="org/my-model")
     assert default_served_model_name(source) == "org/my-model"
+
+
+@pytest.mark.parametrize(
+    ("host", "is_warned"), [("0.0.0.0", True), ("::", True), ("127.0.0.1", False)]
+)
+def test_all_interfaces_are_warned_about(
+    host: str, is_warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from metrale_server.serve_command import warn_if_exposed
+
+    with caplog.at_level(logging.WARNING):
+        warn_if_exposed(_args(host))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) is is_warned
+    if is_warned:
+        assert f"bound to all interfaces ({host})" in warnings[0]
+        assert "--api-key" in warnings[0]

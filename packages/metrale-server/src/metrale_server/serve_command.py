@@ -57,18 +57,23 @@ def run_serve(args: ServeArgs) -> int:
         raise ServeError(
             f"cannot listen on {args.bind} (--host/--port): {error.strerror or error}"
         ) from error
-    if args.is_all_interfaces:
-        logger.warning(
-            "bound to all interfaces (%s): anyone who can reach this machine can use the server%s",
-            args.host,
-            "" if args.api_keys else "; consider --api-key",
-        )
+    warn_if_exposed(args)
     for sock in sockets.insecure_sockets:
         host, port = sock.getsockname()[:2]
         logger.info(
             "address: http://%s/ (/health is 503 until the model is loaded)", _url_host(host, port)
         )
     return asyncio.run(_serve(args, config, sockets))
+
+
+def warn_if_exposed(args: ServeArgs) -> None:
+    """A warning when the server listens on every interface, not only this machine."""
+    if args.is_all_interfaces:
+        logger.warning(
+            "bound to all interfaces (%s): anyone who can reach this machine can use the server%s",
+            args.host,
+            "" if args.api_keys else "; consider --api-key",
+        )
 
 
 def configure_logging(level: str) -> None:
