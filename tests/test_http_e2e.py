@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from metrale_config import read_gguf_header
-from metrale_model_arch import Tokenizer, resolve_model
+from metrale_model_arch import Tokenizer
 from metrale_server.serve_process import ServerProcess
 
 SERVED_NAME = "tiny-llama"
@@ -27,35 +26,8 @@ MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf_fields(read_gguf_header(resolve_model(None).path).fields)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer: Tokenizer) -> Path:
-    """A 2-layer random Llama over SmolLM2's vocabulary (no chat template: ChatML applies)."""
-    import torch
-    import transformers
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_SEQ_LEN,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    tokenizer.save(path)
-    return path
+def tiny_model_dir(tiny_model_factory: Callable[[int], Path]) -> Path:
+    return tiny_model_factory(MAX_SEQ_LEN)
 
 
 API_KEY = "key-two"
@@ -120,14 +92,18 @@ def test_models_list_names_the_served_model(client: openai.OpenAI) -> None:
     assert [model.id for model in models.data] == [SERVED_NAME]
 
 
-def test_completion_usage_counts_tokens(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+def test_completion_usage_counts_tokens(
+    client: openai.OpenAI, default_tokenizer: Tokenizer
+) -> None:
     reply = client.completions.create(
         model=SERVED_NAME, prompt=PROMPT, max_tokens=12, temperature=0.0
     )
     choice = reply.choices[0]
     assert reply.model == SERVED_NAME
     assert reply.usage is not None
-    assert reply.usage.prompt_tokens == len(tokenizer.encode(PROMPT, add_special_tokens=True))
+    assert reply.usage.prompt_tokens == len(
+        default_tokenizer.encode(PROMPT, add_special_tokens=True)
+    )
     assert 1 <= reply.usage.completion_tokens <= 12
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     if choice.finish_reason == "length":
@@ -325,9 +301,11 @@ def test_a_wrong_key_is_refused(server: ServerProcess) -> None:
 
 
 def test_chat_template_file_replaces_the_models(
-    client: openai.OpenAI, server: ServerProcess, tokenizer: Tokenizer
+    client: openai.OpenAI, server: ServerProcess, default_tokenizer: Tokenizer
 ) -> None:
-    bos = tokenizer.special_tokens_map["bos_token"]  # the template's variables are filled in
+    bos = default_tokenizer.special_tokens_map[
+        "bos_token"
+    ]  # the template's variables are filled in
     expected = f"{bos}<<system>> You are terse.\n<<user>> Name three colours.\n<<assistant>> "
     reply = client.chat.completions.create(
         model=SERVED_NAME,
@@ -336,4 +314,6 @@ def test_chat_template_file_replaces_the_models(
         temperature=0.0,
     )
     assert reply.usage is not None
-    assert reply.usage.prompt_tokens == len(tokenizer.encode(expected, add_special_tokens=False))
+    assert reply.usage.prompt_tokens == len(
+        default_tokenizer.encode(expected, add_special_tokens=False)
+    )

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from metrale_config import read_gguf_header
-from metrale_model_arch import Tokenizer, resolve_model
 from metrale_server.serve_process import ServerProcess
 
 SERVED_NAME = "tiny"
@@ -23,30 +21,9 @@ LONG_MAX_TOKENS = 3000
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer random Llama with a 4k context over SmolLM2's vocabulary."""
-    import torch
-    import transformers
-
-    tokenizer = Tokenizer.from_gguf_fields(read_gguf_header(resolve_model(None).path).fields)
-    path = tmp_path_factory.mktemp("tiny-llama-4k")
-    config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_SEQ_LEN,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    tokenizer.save(path)
-    return path
+def tiny_model_dir(tiny_model_factory: Callable[[int], Path]) -> Path:
+    """A tiny random Llama with a 4k context."""
+    return tiny_model_factory(MAX_SEQ_LEN)
 
 
 def _start(model_dir: Path, log_path: Path, *flags: str, host: str = "127.0.0.1") -> ServerProcess:
