@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from metrale_model_arch import LoadedModel, load_model
-from metrale_server.single_sequence import generate_token_ids
+from metrale_server import LLM, Engine, EngineArgs, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +73,10 @@ def test_greedy_tokens_match_transformers(
             do_sample=False,
         )
     expected = hf_out[0, len(prompt_ids) :].tolist()
-    got = list(generate_token_ids(ours, prompt_ids, max_tokens=NUM_GREEDY_TOKENS))
-    assert got == expected
+    llm = LLM.from_engine(Engine(EngineArgs(max_batch_size=1, num_kv_blocks=64), loaded=ours))
+    greedy = SamplingParams(temperature=0.0, max_tokens=NUM_GREEDY_TOKENS, ignore_eos=True)
+    (output,) = llm.generate([{"prompt_token_ids": prompt_ids}], greedy)
+    assert list(output.outputs[0].token_ids) == expected
 
 
 def test_prefill_logits_close_to_transformers(

@@ -1,13 +1,12 @@
-"""``met generate``: load a model, run one prompt, stream the text to a file."""
+"""``met generate``: load a model, run one prompt through the engine, stream the text to a file."""
 
 from __future__ import annotations
 
 from typing import TextIO
 
-from metrale_model_arch import load_model
-from metrale_server.detokenizer import IncrementalDetokenizer
-from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.single_sequence import generate_token_ids
+from metrale_server.engine import Engine, RequestError
+from metrale_server.engine_args import EngineArgs
+from metrale_server.sampling_params import SamplingParams
 
 
 def run_generate(
@@ -22,27 +21,21 @@ def run_generate(
     device: str,
     out: TextIO,
 ) -> None:
-    torch_device = resolve_device(device)
-    loaded = load_model(model, dtype=resolve_dtype(dtype, torch_device), device=torch_device)
-    tokenizer = loaded.tokenizer
+    """Errors reach the user as ``ValueError`` (``RequestError`` included) or ``OSError``."""
+    engine = Engine(EngineArgs(model=model, dtype=dtype, device=device, max_batch_size=1))
+    loaded = engine.loaded
     if chat:
         text = loaded.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = loaded.tokenizer.encode(text, add_special_tokens=False)
     else:
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
-    detokenizer = IncrementalDetokenizer(tokenizer)
-    stop_ids = frozenset(loaded.eos_token_ids)
-    for token_id in generate_token_ids(
-        loaded,
-        prompt_ids,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        seed=seed,
-        stop_token_ids=stop_ids,
-    ):
-        if token_id in stop_ids:
-            break
-        out.write(detokenizer.push(token_id))
-        out.flush()
-    out.write(detokenizer.flush() + "\n")
+        prompt_ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
+    params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+    engine.add_request("generate", prompt_ids, params, prompt=prompt)
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.error is not None:
+                raise RequestError(output.error)
+            out.write(output.outputs[0].delta_text)
+            out.flush()
+    out.write("\n")
     out.flush()
