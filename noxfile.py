@@ -70,7 +70,7 @@ def cross(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Ruff lint and format check over every package and the root tests."""
-    session.install("ruff>=0.8")
+    session.install(*CONSTRAINTS, "ruff")
     paths = ("packages", "tests", "benches", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
@@ -80,5 +80,5 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """Mypy (strict) over every package's sources."""
     _install_packages(session, list(SIBLINGS))
-    session.install(*CONSTRAINTS, "mypy>=1.10", "pytest>=8")
+    session.install(*CONSTRAINTS, "mypy", "pytest>=8")
     session.run("mypy")
