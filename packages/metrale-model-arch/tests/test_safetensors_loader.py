@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from metrale_config import ModelConfig
-from metrale_model_arch.build import CheckpointError, build_model, store_linear_weights_column_major
+from metrale_model_arch.build import CheckpointError, build_model, column_major_names
 from metrale_model_arch.families import LlamaForCausalLM
 from metrale_model_arch.loading import (
     checkpoint_tensor_names,
@@ -82,7 +82,10 @@ def test_sharded_checkpoint_loads_every_shard(
     torch.manual_seed(0)
     reference = LlamaForCausalLM(tiny_config).eval()
     # The loader stores projections column-major on CPU: same layout, same kernels, same bits.
-    store_linear_weights_column_major(reference)
+    for name in column_major_names(reference):
+        module_name, _, leaf = name.rpartition(".")
+        column_major = reference.get_parameter(name).detach().t().contiguous().t()
+        setattr(reference.get_submodule(module_name), leaf, torch.nn.Parameter(column_major))
     prompt = {0: [5, 17, 3, 99, 42, 8, 1]}
     expected = paged_runner(reference, num_blocks=4, block_size=4).step(prompt)[0]
     got = paged_runner(model, num_blocks=4, block_size=4).step(prompt)[0]

@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig, read_gguf_header
+from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.chat_template import ChatTemplate
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
@@ -53,6 +54,13 @@ class LoadedModel:
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
 
+def read_model_config(source: ModelSource) -> ModelConfig:
+    """The config of ``source`` alone (config.json or the GGUF header); no weights are read."""
+    if source.kind == "gguf":
+        return ModelConfig.from_gguf_header(read_gguf_header(source.path))
+    return ModelConfig.from_hf_config(source.path)
+
+
 def load_model(
     name: str | None = None,
     *,
@@ -60,18 +68,22 @@ def load_model(
     device: torch.device | str = "cpu",
     max_seq_len: int | None = None,
     chat_template: ChatTemplate | None = None,
+    allocator: TensorAllocator = plain_allocator,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
     ``max_seq_len`` caps the context (default: the model's ``max_position_embeddings``);
-    ``chat_template`` replaces the model's own. Without either, ChatML is used.
+    ``chat_template`` replaces the model's own. Without either, ChatML is used. Weights and
+    tables are allocated through ``allocator`` (an allocation ledger, in the server).
     """
     source = resolve_model(name)
     device = torch.device(device)
     if source.kind == "gguf":
         header = read_gguf_header(source.path)
         config = ModelConfig.from_gguf_header(header)
-        model = load_gguf_model(header, dtype=dtype, device=device, max_seq_len=max_seq_len)
+        model = load_gguf_model(
+            header, dtype=dtype, device=device, max_seq_len=max_seq_len, allocator=allocator
+        )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
             header.fields, special_tokens=tokenizer.special_tokens_map
@@ -79,7 +91,12 @@ def load_model(
     else:
         config = ModelConfig.from_hf_config(source.path)
         model = load_safetensors_model(
-            source.path, config, dtype=dtype, device=device, max_seq_len=max_seq_len
+            source.path,
+            config,
+            dtype=dtype,
+            device=device,
+            max_seq_len=max_seq_len,
+            allocator=allocator,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(

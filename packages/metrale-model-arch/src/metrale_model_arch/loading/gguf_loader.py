@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from metrale_config import GgufHeader, GgufTensorInfo, ModelConfig, read_gguf_header
+from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import CheckpointError, build_model
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.loading.gguf_names import (
@@ -70,6 +71,7 @@ def load_gguf_model(
     dtype: torch.dtype,
     device: torch.device | str,
     max_seq_len: int | None = None,
+    allocator: TensorAllocator = plain_allocator,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype``, with a progress bar on a terminal."""
@@ -83,6 +85,7 @@ def load_gguf_model(
             dtype=dtype,
             device=device,
             max_seq_len=max_seq_len,
+            allocator=allocator,
         )
 
 

@@ -13,6 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from metrale_config import ModelConfig
+from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import CheckpointError, build_model
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.loading.progress import load_progress
@@ -70,6 +71,7 @@ def load_safetensors_model(
     dtype: torch.dtype,
     device: torch.device | str,
     max_seq_len: int | None = None,
+    allocator: TensorAllocator = plain_allocator,
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
     if config.quantization_method is not None:
@@ -85,6 +87,7 @@ def load_safetensors_model(
             dtype=dtype,
             device=device,
             max_seq_len=max_seq_len,
+            allocator=allocator,
         )
 
 

@@ -1,0 +1,1 @@
+"""Benchmark drivers and the wire types they read from a server."""

@@ -1,0 +1,80 @@
+"""Memory math: pure functions of a config and the serve arguments (no weights, no device)."""
+
+from metrale_model_arch.memory.arena import ArenaBuffer, arena_buffers, buffer_arena_bytes
+from metrale_model_arch.memory.dsa_state import (
+    dsa_capacity,
+    indexer_state_bytes,
+    paged_indexer_bytes_per_token,
+)
+from metrale_model_arch.memory.glm5_next_skeleton import (
+    GLM5_NEXT_MODEL_TYPES,
+    Ffn,
+    Glm5NextTextSkeleton,
+    Mixer,
+)
+from metrale_model_arch.memory.headroom import runtime_headroom_bytes, step_activation_bytes
+from metrale_model_arch.memory.kv_price import kv_bytes_per_block, kv_bytes_per_token
+from metrale_model_arch.memory.linear_state import (
+    linear_state_bytes_per_slot,
+    linear_state_pool_bytes,
+)
+from metrale_model_arch.memory.plan import (
+    BUFFER_ARENA,
+    KV_POOL,
+    LINEAR_STATE_POOL,
+    PER_SEQUENCE_STATE,
+    ROPE_TABLE,
+    RUNTIME_HEADROOM,
+    MemoryPlan,
+    MemoryPlanError,
+    PlanInputs,
+    plan_memory,
+)
+from metrale_model_arch.memory.rope_table import rope_table_bytes
+from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
+from metrale_model_arch.memory.weights import (
+    WEIGHT_OWNERS,
+    ParamCounts,
+    WeightBytes,
+    param_counts,
+    weight_bytes,
+    weight_owner,
+)
+
+__all__ = [
+    "BUFFER_ARENA",
+    "GLM5_NEXT_MODEL_TYPES",
+    "KV_POOL",
+    "LINEAR_STATE_POOL",
+    "PER_SEQUENCE_STATE",
+    "ROPE_TABLE",
+    "RUNTIME_HEADROOM",
+    "WEIGHT_OWNERS",
+    "ArenaBuffer",
+    "Ffn",
+    "Glm5NextTextSkeleton",
+    "MemoryPlan",
+    "MemoryPlanError",
+    "Mixer",
+    "ParamCounts",
+    "PerSequenceState",
+    "PlanInputs",
+    "WeightBytes",
+    "arena_buffers",
+    "buffer_arena_bytes",
+    "dsa_capacity",
+    "indexer_state_bytes",
+    "kv_bytes_per_block",
+    "kv_bytes_per_token",
+    "linear_state_bytes_per_slot",
+    "linear_state_pool_bytes",
+    "paged_indexer_bytes_per_token",
+    "param_counts",
+    "per_sequence_state_bytes",
+    "plan_memory",
+    "rope_table_bytes",
+    "runtime_headroom_bytes",
+    "step_activation_bytes",
+    "weight_bytes",
+    "weight_owner",
+]

@@ -1,0 +1,246 @@
+"""The preflight memory plan: every byte of the budget given an owner, from config + serve args.
+
+``plan_memory`` runs before any weight is loaded. The budget is ``total_bytes x
+gpu_memory_utilization``; from it come the weights, the reserve terms (per-sequence state for
+``max_batch_size`` slots, the linear-attention state pool, the buffer arena, runtime headroom)
+and what is left is the KV pool, in whole blocks, clamped to what ``max_batch_size`` full-length
+sequences can ever use. A plan that cannot hold the weights, or the reserve plus one
+``max_seq_len`` sequence of KV, raises :class:`MemoryPlanError` naming the term and the flags.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from metrale_config import ModelConfig
+from metrale_model_arch.memory.arena import buffer_arena_bytes
+from metrale_model_arch.memory.headroom import runtime_headroom_bytes
+from metrale_model_arch.memory.kv_price import kv_bytes_per_token
+from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
+from metrale_model_arch.memory.rope_table import rope_table_bytes
+from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
+from metrale_model_arch.memory.weights import WeightBytes, weight_bytes
+
+MAX_AUTO_BATCH_SIZE = 128
+
+ROPE_TABLE = "rope_table"
+KV_POOL = "kv_pool"
+BUFFER_ARENA = "buffer_arena"
+PER_SEQUENCE_STATE = "per_sequence_state"
+LINEAR_STATE_POOL = "linear_state_pool"
+RUNTIME_HEADROOM = "runtime_headroom"
+GIB = 2**30
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit the budget. ``term`` names what did not fit."""
+
+    def __init__(self, message: str, *, term: str) -> None:
+        super().__init__(message)
+        self.term = term
+
+
+@attrs.frozen(kw_only=True)
+class PlanInputs:
+    """The serve arguments the plan reads. ``max_batch_size=None`` is ``auto``."""
+
+    device_kind: str
+    total_bytes: int
+    gpu_memory_utilization: float
+    dtype_bytes: int
+    max_seq_len: int
+    block_size: int = 16
+    max_batch_size: int | None = 8
+    max_batch_tokens: int = 2048
+    num_kv_blocks: int | None = None
+    spec_on: bool = False
+    indexer_paged: bool = True
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.total_bytes * self.gpu_memory_utilization)
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        return -(-self.max_seq_len // self.block_size)
+
+
+@attrs.frozen(kw_only=True)
+class MemoryPlan:
+    """A plan that fits. ``by_owner`` adds up to ``used_bytes`` <= ``budget_bytes``."""
+
+    inputs: PlanInputs
+    max_batch_size: int
+    weights: WeightBytes
+    rope_table_bytes: int
+    kv_bytes_per_token: int
+    kv_blocks: int
+    per_sequence: PerSequenceState
+    per_sequence_reserve_bytes: int
+    linear_state_pool_bytes: int
+    buffer_arena_bytes: int
+    runtime_headroom_bytes: int
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.inputs.budget_bytes
+
+    @property
+    def kv_block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.inputs.block_size
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.kv_blocks * self.kv_block_bytes
+
+    @property
+    def max_kv_tokens(self) -> int:
+        return self.kv_blocks * self.inputs.block_size
+
+    @property
+    def reserve_bytes(self) -> int:
+        return sum(_reserve_terms(self).values())
+
+    @property
+    def pre_kv_bytes(self) -> int:
+        """Weights and the tables built with them: what is resident before the KV pool."""
+        return self.weights.total() + self.rope_table_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.pre_kv_bytes + self.reserve_bytes + self.kv_pool_bytes
+
+    @property
+    def admitted_sequences(self) -> int:
+        """Full-length sequences that can run at once: slots, bounded by the KV pool."""
+        return min(self.max_batch_size, self.kv_blocks // self.inputs.blocks_per_sequence)
+
+    def by_owner(self) -> dict[str, int]:
+        """Every owner's bytes, including terms that are reserved but never allocated."""
+        return {
+            **self.weights.by_owner(),
+            ROPE_TABLE: self.rope_table_bytes,
+            KV_POOL: self.kv_pool_bytes,
+            **_reserve_terms(self),
+        }
+
+    def allocated_by_owner(self) -> dict[str, int]:
+        """The owners the allocation ledger must show, with the bytes it must show for each.
+
+        Runtime headroom is transient (activations), never a standing allocation; the
+        per-sequence and linear-state terms are planned for the families that own such state.
+        """
+        return {
+            owner: size
+            for owner, size in self.by_owner().items()
+            if owner != RUNTIME_HEADROOM and size > 0
+        }
+
+
+def _reserve_terms(plan: MemoryPlan) -> dict[str, int]:
+    return {
+        PER_SEQUENCE_STATE: plan.per_sequence_reserve_bytes,
+        LINEAR_STATE_POOL: plan.linear_state_pool_bytes,
+        BUFFER_ARENA: plan.buffer_arena_bytes,
+        RUNTIME_HEADROOM: plan.runtime_headroom_bytes,
+    }
+
+
+def plan_memory(config: ModelConfig, inputs: PlanInputs) -> MemoryPlan:
+    """The plan for ``config`` under ``inputs``; ``max_batch_size=None`` picks the slot count
+    in 1..128 that admits the most full-length sequences (ties to the smaller)."""
+    if inputs.max_batch_size is not None:
+        return _plan_at(config, inputs, inputs.max_batch_size)
+    best: MemoryPlan | None = None
+    first_error: MemoryPlanError | None = None
+    for slots in range(1, MAX_AUTO_BATCH_SIZE + 1):
+        try:
+            plan = _plan_at(config, inputs, slots)
+        except MemoryPlanError as error:
+            first_error = first_error or error
+            break  # every term grows with the slot count: more slots cannot fit either
+        if best is None or plan.admitted_sequences > best.admitted_sequences:
+            best = plan
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    return best
+
+
+def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> MemoryPlan:
+    budget = inputs.budget_bytes
+    weights = weight_bytes(config, inputs.dtype_bytes)
+    rope = rope_table_bytes(config, inputs.max_seq_len)
+    per_sequence = per_sequence_state_bytes(
+        config, inputs.max_seq_len, inputs.spec_on, indexer_paged=inputs.indexer_paged
+    )
+    per_token = kv_bytes_per_token(config, inputs.dtype_bytes, indexer_paged=inputs.indexer_paged)
+    draft = MemoryPlan(
+        inputs=inputs,
+        max_batch_size=max_batch_size,
+        weights=weights,
+        rope_table_bytes=rope,
+        kv_bytes_per_token=per_token,
+        kv_blocks=0,
+        per_sequence=per_sequence,
+        per_sequence_reserve_bytes=per_sequence.for_batch(max_batch_size),
+        linear_state_pool_bytes=linear_state_pool_bytes(config, max_batch_size),
+        buffer_arena_bytes=buffer_arena_bytes(
+            config,
+            max_batch_tokens=inputs.max_batch_tokens,
+            max_batch_size=max_batch_size,
+            dtype_bytes=inputs.dtype_bytes,
+        ),
+        runtime_headroom_bytes=runtime_headroom_bytes(
+            config,
+            device_kind=inputs.device_kind,
+            budget_bytes=budget,
+            max_batch_tokens=inputs.max_batch_tokens,
+            max_seq_len=inputs.max_seq_len,
+            dtype_bytes=inputs.dtype_bytes,
+        ),
+    )
+    if draft.pre_kv_bytes > budget:
+        raise MemoryPlanError(
+            f"the weights need {_gib(draft.pre_kv_bytes)} but the budget is {_budget(inputs)}; "
+            "raise --gpu-memory-utilization, choose a smaller --dtype, or serve a smaller model",
+            term="weights",
+        )
+    kv_room = budget - draft.pre_kv_bytes - draft.reserve_bytes
+    blocks_fit = max(kv_room, 0) // draft.kv_block_bytes
+    blocks_per_seq = inputs.blocks_per_sequence
+    if blocks_fit < blocks_per_seq:
+        term, size = max(_reserve_terms(draft).items(), key=lambda item: item[1])
+        raise MemoryPlanError(
+            f"one --max-seq-len={inputs.max_seq_len} sequence needs "
+            f"{_gib(blocks_per_seq * draft.kv_block_bytes)} of KV cache, but the budget "
+            f"({_budget(inputs)}) less {_gib(draft.pre_kv_bytes)} of weights and "
+            f"{_gib(draft.reserve_bytes)} of reserve (largest term: {term}, {_gib(size)}) "
+            f"leaves {_gib(max(kv_room, 0))}; lower --max-seq-len, --max-batch-size or "
+            "--max-batch-tokens, or raise --gpu-memory-utilization",
+            term="kv_cache",
+        )
+    if inputs.num_kv_blocks is not None:
+        if inputs.num_kv_blocks > blocks_fit:
+            raise MemoryPlanError(
+                f"--num-kv-blocks={inputs.num_kv_blocks} needs "
+                f"{_gib(inputs.num_kv_blocks * draft.kv_block_bytes)} but only {blocks_fit} "
+                f"blocks ({_gib(blocks_fit * draft.kv_block_bytes)}) fit in the budget "
+                f"({_budget(inputs)}); lower --num-kv-blocks or raise --gpu-memory-utilization",
+                term="kv_cache",
+            )
+        kv_blocks = inputs.num_kv_blocks
+    else:
+        kv_blocks = min(blocks_fit, max_batch_size * blocks_per_seq)
+    return attrs.evolve(draft, kv_blocks=kv_blocks)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
+
+
+def _budget(inputs: PlanInputs) -> str:
+    return (
+        f"{_gib(inputs.total_bytes)} total x {inputs.gpu_memory_utilization:g} "
+        f"--gpu-memory-utilization = {_gib(inputs.budget_bytes)}"
+    )
