@@ -9,13 +9,16 @@ from collections.abc import Sequence as SequenceOf
 import attrs
 import torch
 
-from metrale_model_arch import LoadedModel, kv_cache_bytes_per_token, load_model
+from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
+from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
 from metrale_server.block_manager import BlockManager
 from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.engine_args import EngineArgs, default_num_kv_blocks
+from metrale_server.engine_args import EngineArgs
 from metrale_server.engine_stats import EngineStats
+from metrale_server.memory_ledger import MemoryLedger
 from metrale_server.model_runner import ModelRunner
 from metrale_server.outputs import RequestOutput, TokenLogprob
+from metrale_server.preflight import plan_engine_memory
 from metrale_server.sampler import sample
 from metrale_server.sampling_params import SamplingParams
 from metrale_server.sampling_tensors import (
@@ -51,34 +54,64 @@ class Engine:
     thread-safe: one thread drives it (``AsyncEngine`` does).
     """
 
-    def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self,
+        args: EngineArgs,
+        loaded: LoadedModel | None = None,
+        *,
+        plan: MemoryPlan | None = None,
+        ledger: MemoryLedger | None = None,
+    ) -> None:
+        """Plan memory from the config (raising ``MemoryPlanError`` before anything loads when
+        it does not fit), load the model through the ledger, then allocate the KV pool and step
+        arena the plan sized. A ``loaded`` model's existing tensors are charged to the ledger."""
+        self.ledger = ledger if ledger is not None else MemoryLedger()
         if loaded is None:
             device = resolve_device(args.device)
+            dtype = resolve_dtype(args.dtype, device)
+            if plan is None:
+                config = read_model_config(resolve_model(args.model))
+                plan = plan_engine_memory(args, config, device=device, dtype=dtype)
             loaded = load_model(
                 args.model,
-                dtype=resolve_dtype(args.dtype, device),
+                dtype=dtype,
                 device=device,
-                max_seq_len=args.max_seq_len,
+                max_seq_len=plan.inputs.max_seq_len,
+                allocator=self.ledger.allocate,
             )
+        else:
+            _adopt_model(self.ledger, loaded)
+            if plan is None:
+                max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
+                plan = plan_engine_memory(
+                    attrs.evolve(args, max_seq_len=max_seq_len),
+                    loaded.config,
+                    device=loaded.device,
+                    dtype=loaded.dtype,
+                )
         self.loaded = loaded
         self.args = args
-        self.max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
-        self.num_kv_blocks = args.num_kv_blocks or default_num_kv_blocks(
-            max_seq_len=self.max_seq_len,
-            block_size=args.block_size,
-            max_batch_size=args.max_batch_size,
-            kv_bytes_per_token=kv_cache_bytes_per_token(loaded.config, loaded.dtype),
-        )
+        self.plan = plan
+        self.max_seq_len = plan.inputs.max_seq_len
+        self.max_batch_size = plan.max_batch_size
+        self.num_kv_blocks = plan.kv_blocks
         self.block_manager = BlockManager(
             self.num_kv_blocks, args.block_size, enable_prefix_caching=args.enable_prefix_caching
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens
+                max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
             ),
             self.block_manager,
         )
-        self.runner = ModelRunner(loaded, num_blocks=self.num_kv_blocks, block_size=args.block_size)
+        self.runner = ModelRunner(
+            loaded,
+            num_blocks=self.num_kv_blocks,
+            block_size=args.block_size,
+            max_batch_tokens=args.max_batch_tokens,
+            max_batch_size=self.max_batch_size,
+            allocator=self.ledger.allocate,
+        )
         self._generator = torch.Generator(device=loaded.device)
         self._generator.manual_seed(args.seed)
         self._requests: dict[str, _Request] = {}
@@ -156,10 +189,8 @@ class Engine:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_seq_len ({self.max_seq_len})"
             )
-        if params.n > self.args.max_batch_size:
-            raise RequestError(
-                f"n ({params.n}) exceeds max_batch_size ({self.args.max_batch_size})"
-            )
+        if params.n > self.max_batch_size:
+            raise RequestError(f"n ({params.n}) exceeds max_batch_size ({self.max_batch_size})")
         blocks_per_seq = -(-(len(prompt) + params.max_tokens) // self.args.block_size)
         if params.n * blocks_per_seq > self.num_kv_blocks:
             raise RequestError(
@@ -286,3 +317,10 @@ class Engine:
             finished=all(o.finished for o in outputs),
             num_cached_tokens=request.group.primary.num_cached_tokens,
         )
+
+
+def _adopt_model(ledger: MemoryLedger, loaded: LoadedModel) -> None:
+    for name, param in loaded.model.named_parameters():
+        ledger.adopt(weight_owner(name), param)
+    for _, buffer in loaded.model.named_buffers():
+        ledger.adopt(ROPE_TABLE, buffer)

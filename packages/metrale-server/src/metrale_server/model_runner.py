@@ -5,17 +5,28 @@ from __future__ import annotations
 import torch
 
 from metrale_kernels import build_attention_metadata
-from metrale_model_arch import LoadedModel, allocate_kv_cache
+from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
+from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_server.scheduler_step import SchedulerStep
 
 
 class ModelRunner:
-    """Owns the KV pool (allocated once) and runs steps over it.
+    """Owns the KV pool and the step arena (each allocated once) and runs steps over them.
 
-    ``execute`` returns one logits row per chunk that samples (in step order), float32.
+    ``execute`` returns one logits row per chunk that samples (in step order), float32. The
+    rows live in the arena's logits buffer: they are valid until the next ``execute``.
     """
 
-    def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        allocator: TensorAllocator = plain_allocator,
+    ) -> None:
         self.loaded = loaded
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -26,7 +37,21 @@ class ModelRunner:
             block_size=block_size,
             dtype=loaded.dtype,
             device=loaded.device,
+            allocator=allocator,
         )
+        dtypes = {"int64": torch.int64, "model": loaded.dtype}
+        arena = {
+            buffer.name: allocator(BUFFER_ARENA, buffer.shape, dtypes[buffer.dtype], self.device)
+            for buffer in arena_buffers(
+                loaded.config,
+                max_batch_tokens=max_batch_tokens,
+                max_batch_size=max_batch_size,
+                dtype_bytes=loaded.dtype.itemsize,
+            )
+        }
+        self._input_ids = arena["input_ids"]
+        self._positions = arena["positions"]
+        self._logits = arena["logits"]
 
     def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         if not copies:
@@ -38,7 +63,8 @@ class ModelRunner:
             v_cache[dst] = v_cache[src]
 
     def prepare_inputs(self, step: SchedulerStep) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Token ids, positions, and the flat index of each sampling chunk's last token."""
+        """Token ids and positions (views of the arena), and the flat index of each sampling
+        chunk's last token."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -48,11 +74,12 @@ class ModelRunner:
             positions += range(chunk.start, end)
             if chunk.samplers:
                 logits_indices.append(len(token_ids) - 1)
-        return (
-            torch.tensor(token_ids, dtype=torch.int64, device=self.device),
-            torch.tensor(positions, dtype=torch.int64, device=self.device),
-            logits_indices,
-        )
+        num_tokens = len(token_ids)
+        input_ids = self._input_ids[:num_tokens]
+        input_ids.copy_(torch.tensor(token_ids, dtype=torch.int64))
+        position_ids = self._positions[:num_tokens]
+        position_ids.copy_(torch.tensor(positions, dtype=torch.int64))
+        return input_ids, position_ids, logits_indices
 
     @torch.inference_mode()
     def execute(self, step: SchedulerStep) -> torch.Tensor:
@@ -69,5 +96,6 @@ class ModelRunner:
         if not logits_indices:
             return hidden.new_empty((0, self.loaded.config.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)
-        logits: torch.Tensor = self.loaded.model.compute_logits(hidden[index])
+        out = self._logits[: len(logits_indices)]
+        logits: torch.Tensor = self.loaded.model.compute_logits(hidden[index], out=out)
         return logits.float()

@@ -18,8 +18,7 @@ class ServeArgs:
     """The server's settings; ``engine_args`` shapes the engine, the rest the HTTP side.
 
     ``request_timeout_s`` is ``None`` when requests may run for ever; ``drain_timeout_s`` bounds
-    how long in-flight requests may run after SIGTERM. ``gpu_memory_utilization`` is stored
-    for the memory preflight; nothing sizes the KV pool from it yet.
+    how long in-flight requests may run after SIGTERM.
     """
 
     engine_args: EngineArgs
@@ -29,7 +28,6 @@ class ServeArgs:
     api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
     request_timeout_s: float | None = 300.0
     drain_timeout_s: float = 30.0
-    gpu_memory_utilization: float = 0.9
     chat_template: ChatTemplate | None = None
     max_body_bytes: int = 32 * 2**20
     log_level: str = "info"

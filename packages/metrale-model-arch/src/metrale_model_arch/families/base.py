@@ -42,6 +42,7 @@ class CausalLM(nn.Module):
         """
         raise NotImplementedError
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(n, hidden)`` final hidden states → ``(n, vocab_size)`` logits."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n, hidden)`` final hidden states → ``(n, vocab_size)`` logits, written into
+        ``out`` (``(n, vocab_size)``, the model's dtype) when given."""
         raise NotImplementedError

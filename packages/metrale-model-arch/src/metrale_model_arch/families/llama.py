@@ -171,9 +171,11 @@ class LlamaForCausalLM(CausalLM):
         out: torch.Tensor = self.model.norm(hidden)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.lm_head(hidden)
-        return out
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            logits: torch.Tensor = self.lm_head(hidden)
+            return logits
+        return torch.mm(hidden, self.lm_head.weight.t(), out=out)
 
 
 def layer_sliding_window(config: ModelConfig, layer_index: int) -> int | None:

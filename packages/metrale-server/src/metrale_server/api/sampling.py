@@ -72,7 +72,7 @@ def parse_sampling(
     vocab_size = engine.loaded.config.vocab_size
     max_tokens_param = next((n for n in max_tokens_names if fields.has(n)), max_tokens_names[0])
     max_tokens = fields.read_optional_int(max_tokens_param, minimum=1, maximum=engine.max_seq_len)
-    max_n = min(MAX_N, engine.args.max_batch_size)
+    max_n = min(MAX_N, engine.max_batch_size)
     best_of = fields.read_optional_int("best_of", minimum=1)
     n = fields.read_int("n", 1, minimum=1, maximum=max_n)
     if best_of is not None and best_of != n:

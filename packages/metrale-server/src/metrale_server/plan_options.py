@@ -1,0 +1,99 @@
+"""The click options that shape the memory plan, shared by ``met serve`` and ``met memory``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from metrale_server.devices import DTYPES
+from metrale_server.engine_args import EngineArgs
+
+_DEFAULTS = EngineArgs()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class BatchSizeType(click.ParamType):  # type: ignore[type-arg]
+    """A positive integer, or ``auto``."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+        if number < 1:
+            self.fail(f"{number} is not >= 1", param, ctx)
+        return number
+
+
+def plan_options(command: F) -> F:
+    """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
+    ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--dtype`` and ``--device``."""
+    options = [
+        click.option(
+            "--max-seq-len",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Most tokens in one sequence (prompt + output). Default: the model's context.",
+        ),
+        click.option(
+            "--block-size",
+            type=click.IntRange(min=1),
+            default=_DEFAULTS.block_size,
+            show_default=True,
+            help="Tokens per KV-cache block.",
+        ),
+        click.option(
+            "--gpu-memory-utilization",
+            type=click.FloatRange(0.0, 1.0, min_open=True),
+            default=_DEFAULTS.gpu_memory_utilization,
+            show_default=True,
+            help="Fraction of device memory the server may use, in (0, 1]: of the GPU's total "
+            "on CUDA, of physical RAM (or the cgroup limit, if smaller) on the CPU. Weights, "
+            "reserve and the KV pool must fit in it.",
+        ),
+        click.option(
+            "--max-batch-size",
+            type=BatchSizeType(),
+            default=_DEFAULTS.max_batch_size,
+            show_default=True,
+            help="Most sequences the engine runs in one step (a request with n > this is "
+            "refused), or 'auto': the count in 1..128 that admits the most full-length "
+            "sequences.",
+        ),
+        click.option(
+            "--max-prefill-tokens",
+            type=click.IntRange(min=1),
+            default=_DEFAULTS.max_batch_tokens,
+            show_default=True,
+            help="Token budget of one engine step (prompt chunks plus decodes); longer prompts "
+            "are prefilled in chunks.",
+        ),
+        click.option(
+            "--num-kv-blocks",
+            type=click.IntRange(min=1),
+            default=None,
+            help="KV pool size in blocks (it must fit the budget). Default: what the budget "
+            "leaves after weights and reserve, up to --max-batch-size full-length sequences.",
+        ),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", *DTYPES]),
+            default="auto",
+            show_default=True,
+            help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+        ),
+        click.option(
+            "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

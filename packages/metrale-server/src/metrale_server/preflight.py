@@ -1,0 +1,143 @@
+"""The preflight: the memory plan for a serve, computed from the config before any weight loads.
+
+``plan_engine_memory`` reads the device's total memory (CUDA: the device's; CPU: physical RAM or
+the cgroup limit, whichever is smaller), applies ``--gpu-memory-utilization`` and asks
+``metrale_model_arch.memory.plan_memory`` for the plan, which raises ``MemoryPlanError`` naming
+the term and flags when the serve cannot fit. ``plan_log_lines`` is the boot log: one line per
+owner, then the KV line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from metrale_config import ModelConfig, read_bool_lever
+from metrale_model_arch.memory import (
+    GLM5_NEXT_MODEL_TYPES,
+    MemoryPlan,
+    PlanInputs,
+    paged_indexer_bytes_per_token,
+    plan_memory,
+)
+from metrale_server.engine_args import EngineArgs
+from metrale_server.host_memory import host_total_memory_bytes
+
+MIB = 2**20
+GIB = 2**30
+
+
+class PreflightError(RuntimeError):
+    """The preflight could not run (e.g. the machine's memory size cannot be read)."""
+
+
+def device_total_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    total = host_total_memory_bytes()
+    if total is None:
+        raise PreflightError(
+            "cannot read this machine's memory size (/proc/meminfo); pass --num-kv-blocks"
+        )
+    return total
+
+
+def indexer_paged() -> bool:
+    """GLM-5.3's DSA indexer is paged in the KV pool unless METRALE_GLM_DSA_INDEXER_FLAT=1."""
+    return not read_bool_lever("METRALE_GLM_DSA_INDEXER_FLAT")
+
+
+def plan_inputs(
+    args: EngineArgs,
+    config: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    total_bytes: int | None = None,
+) -> PlanInputs:
+    return PlanInputs(
+        device_kind=device.type,
+        total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype_bytes=dtype.itemsize,
+        max_seq_len=args.max_seq_len or config.max_position_embeddings,
+        block_size=args.block_size,
+        max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens,
+        num_kv_blocks=args.num_kv_blocks,
+        spec_on=False,
+        indexer_paged=indexer_paged(),
+    )
+
+
+def plan_engine_memory(
+    args: EngineArgs,
+    config: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    total_bytes: int | None = None,
+) -> MemoryPlan:
+    """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot."""
+    inputs = plan_inputs(args, config, device=device, dtype=dtype, total_bytes=total_bytes)
+    return plan_memory(config, inputs)
+
+
+def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
+    """The boot log of the plan: one line per owner, then the KV line."""
+    inputs = plan.inputs
+    weights = plan.weights
+    tied = " (tied to the embeddings)" if config.tie_word_embeddings else ""
+    lines = [
+        f"Weights: {_gb(weights.total())} GB = embeddings {_mb(weights.embeddings)} MB + layers "
+        f"{_mb(weights.layers)} MB + final norm {_mb(weights.final_norm)} MB + lm_head "
+        f"{_mb(weights.lm_head)} MB{tied}",
+        f"RoPE table: {_mb(plan.rope_table_bytes)} MB ({inputs.max_seq_len} positions, float32)",
+    ]
+    if config.model_type in GLM5_NEXT_MODEL_TYPES and inputs.indexer_paged and config.dsa:
+        lines.append(
+            "GLM-5.3 DSA indexer: paged in each DSA layer's KV pool, "
+            f"{paged_indexer_bytes_per_token(config.dsa.index_head_dim)} B per token per DSA "
+            "layer inside the KV price; nothing reserved per sequence "
+            "(METRALE_GLM_DSA_INDEXER_FLAT=1 restores the flat cache)"
+        )
+    if plan.per_sequence_reserve_bytes > 0:
+        lines.append(
+            f"Per-sequence state reserve: {_mb(plan.per_sequence_reserve_bytes)} MB = "
+            f"{max(plan.max_batch_size, 1)} seq x ({_mb(plan.per_sequence.target_layers)} MB "
+            f"target DSA layers + {_mb(plan.per_sequence.proposer)} MB proposer). Owned per "
+            "sequence, replicated per rank (EP does not shard the indexer)."
+        )
+    else:
+        lines.append("Per-sequence state reserve: 0 MB (this model owns no per-sequence state)")
+    if plan.linear_state_pool_bytes > 0:
+        lines.append(
+            f"Linear-attention state pool: {_mb(plan.linear_state_pool_bytes)} MB = "
+            f"{plan.max_batch_size + 1} slots (one dummy) of recurrent + conv state"
+        )
+    lines += [
+        f"Buffer arena: {_mb(plan.buffer_arena_bytes)} MB (step inputs for "
+        f"--max-batch-tokens={inputs.max_batch_tokens}, logits for {plan.max_batch_size} rows)",
+        f"Runtime headroom: {_mb(plan.runtime_headroom_bytes)} MB (runtime floor + the widest "
+        "step's activations and attention scratch; not allocated at start)",
+    ]
+    if inputs.max_batch_size is None:
+        lines.append(
+            f"--max-batch-size auto: {plan.max_batch_size} slot(s) admit "
+            f"{plan.admitted_sequences} sequence(s) at the full --max-seq-len={inputs.max_seq_len}"
+        )
+    lines.append(
+        f"KV cache: {_gb(inputs.total_bytes)} GB total x {inputs.gpu_memory_utilization:.0%} util "
+        f"= {_gb(plan.budget_bytes)} GB budget; {_gb(plan.pre_kv_bytes)} GB weights + "
+        f"{_gb(plan.reserve_bytes)} GB reserve -> {_gb(plan.kv_pool_bytes)} GB for KV -> "
+        f"{plan.kv_blocks} blocks x {inputs.block_size} tok/block = {plan.max_kv_tokens} max "
+        f"KV tokens ({plan.kv_bytes_per_token} B/token)"
+    )
+    return lines
+
+
+def _mb(num_bytes: int) -> str:
+    return f"{num_bytes / MIB:.1f}"
+
+
+def _gb(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f}"
