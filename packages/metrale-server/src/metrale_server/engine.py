@@ -64,7 +64,11 @@ class Engine:
     ) -> None:
         """Plan memory from the config (raising ``MemoryPlanError`` before anything loads when
         it does not fit), load the model through the ledger, then allocate the KV pool and step
-        arena the plan sized. A ``loaded`` model's existing tensors are charged to the ledger."""
+        arena the plan sized. A ``loaded`` model is charged to a new ledger unless ``ledger``
+        (through which it was loaded) is given."""
+        if loaded is not None and ledger is None:
+            ledger = MemoryLedger()
+            _adopt_model(ledger, loaded)
         self.ledger = ledger if ledger is not None else MemoryLedger()
         if loaded is None:
             device = resolve_device(args.device)
@@ -79,16 +83,14 @@ class Engine:
                 max_seq_len=plan.inputs.max_seq_len,
                 allocator=self.ledger.allocate,
             )
-        else:
-            _adopt_model(self.ledger, loaded)
-            if plan is None:
-                max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
-                plan = plan_engine_memory(
-                    attrs.evolve(args, max_seq_len=max_seq_len),
-                    loaded.config,
-                    device=loaded.device,
-                    dtype=loaded.dtype,
-                )
+        elif plan is None:
+            max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
+            plan = plan_engine_memory(
+                attrs.evolve(args, max_seq_len=max_seq_len),
+                loaded.config,
+                device=loaded.device,
+                dtype=loaded.dtype,
+            )
         self.loaded = loaded
         self.args = args
         self.plan = plan

@@ -1,0 +1,14 @@
+"""``GET /memory``: the plan, the allocation ledger and host readings (``MemoryReport``)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from metrale_server.api.state import ServerState
+from metrale_server.memory_report import memory_report
+
+
+async def get_memory(request: Request, *, state: ServerState) -> Response:
+    # The /proc reads are a few microseconds; no need to leave the event loop.
+    return JSONResponse(memory_report(state.engine).to_json())
