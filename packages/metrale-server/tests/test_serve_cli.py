@@ -54,7 +54,8 @@ def test_help_documents_every_flag(runner: CliRunner) -> None:
     assert result.exit_code == 0, result.output
     assert set(SERVE_FLAGS) <= _options(result.output)
     assert "[MODEL]" in result.output
-    assert "memory preflight" in result.output  # --gpu-memory-utilization does not size yet
+    assert "or the cgroup limit" in result.output  # --gpu-memory-utilization sizes the plan
+    assert "auto" in result.output  # --max-batch-size auto
 
 
 def test_metrale_serve_is_the_same_command(runner: CliRunner) -> None:

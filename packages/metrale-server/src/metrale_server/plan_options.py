@@ -81,7 +81,7 @@ def plan_options(command: F) -> F:
             type=click.IntRange(min=1),
             default=None,
             help="KV pool size in blocks (it must fit the budget). Default: what the budget "
-            "leaves after weights and reserve, up to --max-batch-size full-length sequences.",
+            "leaves after weights and reserve, up to what the batch slots can use at full length.",
         ),
         click.option(
             "--dtype",
