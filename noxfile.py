@@ -27,6 +27,8 @@ NEEDS_DEFAULT_MODEL = {"metrale-config", "metrale-model-arch", "metrale-server"}
 # Reference implementations the parity tests compare against (test-only dependencies).
 REFERENCE_DEPS = {
     "metrale-config": ("transformers>=5",),
+    # The second, independent OpenAI-compatible server the bench's tests run against.
+    "metrale-bench": ("starlette>=0.40", "hypercorn>=0.17"),
     "metrale-kernels": ("transformers>=5",),
     "metrale-model-arch": ("transformers>=5", "accelerate", "sentencepiece", "protobuf"),
     "metrale-server": (

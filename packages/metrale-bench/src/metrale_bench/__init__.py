@@ -2,5 +2,22 @@
 
 from metrale_bench.benchmarks.default_tier_boot import MemoryReport, MemoryReportError
 from metrale_bench.host import HostDescription, describe_host
+from metrale_bench.metrics import ServeMetrics, Slo, compute_serve_metrics
+from metrale_bench.outcome import RequestOutcome
+from metrale_bench.records import BenchRecord, read_record, write_record
+from metrale_bench.target import ServerTarget
 
-__all__ = ["HostDescription", "MemoryReport", "MemoryReportError", "describe_host"]
+__all__ = [
+    "BenchRecord",
+    "HostDescription",
+    "MemoryReport",
+    "MemoryReportError",
+    "RequestOutcome",
+    "ServeMetrics",
+    "ServerTarget",
+    "Slo",
+    "compute_serve_metrics",
+    "describe_host",
+    "read_record",
+    "write_record",
+]

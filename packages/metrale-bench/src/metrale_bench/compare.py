@@ -29,8 +29,7 @@ def compare_records(a: BenchRecord, b: BenchRecord) -> list[MetricComparison]:
     """Metrics in ``a``'s order, then those only ``b`` has."""
     names = [*a.metrics, *(name for name in b.metrics if name not in a.metrics)]
     return [
-        MetricComparison(name=name, a=a.metrics.get(name), b=b.metrics.get(name))
-        for name in names
+        MetricComparison(name=name, a=a.metrics.get(name), b=b.metrics.get(name)) for name in names
     ]
 
 

@@ -17,7 +17,7 @@ import attrs
 
 # Common English words that byte-level BPE vocabularies hold as one token each (with their
 # leading space), so N words make about N tokens.
-WORDS = (
+_WORD_TEXT = (
     "the time people way day man thing woman life child world school state family student "
     "group country problem hand part place case week company system program question work "
     "government number night point home water room mother area money story fact month lot "
@@ -25,7 +25,8 @@ WORDS = (
     "power hour game line end member law car city name president team minute idea kid body "
     "back parent face others level office door health person art war history party result "
     "change morning reason research girl guy moment air teacher force education"
-).split()
+)
+WORDS = tuple(_WORD_TEXT.split())
 # ShareGPT completions are measured in characters when no output length is given: about four
 # characters per token in English.
 CHARS_PER_TOKEN = 4
@@ -117,7 +118,7 @@ def sharegpt_requests(
         raise DatasetError(f"{path}: a ShareGPT file holds a JSON list")
     order = list(range(len(data)))
     random.Random(seed).shuffle(order)
-    requests = []
+    requests: list[BenchRequest] = []
     for index in order:
         if len(requests) == num_requests:
             break

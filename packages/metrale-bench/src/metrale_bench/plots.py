@@ -11,10 +11,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402 (the backend is chosen before pyplot loads)
-from matplotlib.axes import Axes  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from metrale_bench.records import BenchRecord  # noqa: E402
+from metrale_bench.records import BenchRecord
 
 _LEVEL = re.compile(r"^c(\d+)_(\w+_ms)$")
 
@@ -49,7 +50,7 @@ def sweep_levels(record: BenchRecord) -> list[int]:
     return sorted(levels)
 
 
-def _plot_sweep(record: BenchRecord, figure: plt.Figure) -> None:
+def _plot_sweep(record: BenchRecord, figure: Figure) -> None:
     levels = sweep_levels(record)
     throughput, tpot, ttft = figure.subplots(1, 3)
     tok_s = [record.metrics.get(f"c{c}_output_tok_s") for c in levels]

@@ -103,7 +103,9 @@ async def stream_request(
     def outcome(error: str | None) -> RequestOutcome:
         now = time.perf_counter()
         usage = clock.usage or {}
-        ended_at = now if error is not None or clock.last_choice_at is None else clock.last_choice_at
+        ended_at = (
+            now if error is not None or clock.last_choice_at is None else clock.last_choice_at
+        )
         return RequestOutcome(
             start_s=sent_at - run_start,
             latency_s=ended_at - sent_at,

@@ -16,12 +16,16 @@ class TargetError(RuntimeError):
     """The server could not be reached or did not answer as an OpenAI-compatible one."""
 
 
+def _without_trailing_slash(url: str) -> str:
+    return url.rstrip("/")
+
+
 @attrs.frozen(kw_only=True)
 class ServerTarget:
     """A server's base URL (no ``/v1``), the endpoint to stream from, and the model name to
     send (``None``: the first model ``/v1/models`` lists)."""
 
-    base_url: str = attrs.field(converter=lambda url: str(url).rstrip("/"))
+    base_url: str = attrs.field(converter=_without_trailing_slash)
     api: Api = "completions"
     model: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)

@@ -64,6 +64,12 @@ LEVERS: Mapping[str, Lever] = _declare(
         default=False,
         doc="Keep the GLM DSA indexer cache flat per sequence instead of paged.",
     ),
+    Lever(
+        name="METRALE_BENCH_DIR",
+        type=str,
+        default="benchmarks",
+        doc="Directory where `met bench` writes and lists its records.",
+    ),
 )
 
 

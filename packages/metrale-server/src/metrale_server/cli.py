@@ -10,9 +10,11 @@ from pathlib import Path
 
 import click
 
+from metrale_bench.cli import bench
 from metrale_config import ConfigError, check_environment, read_int_lever
 from metrale_server.devices import DTYPES, resolve_device
 from metrale_server.engine_args import EngineArgs
+from metrale_server.plan_options import plan_options
 from metrale_server.serve_args import LOG_LEVELS
 
 MODEL_HELP = (
@@ -100,6 +102,7 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 
 @main.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", required=False)
+@plan_options
 @click.option(
     "--host",
     "--bind",
@@ -125,67 +128,16 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "GGUF file's stem.",
 )
 @click.option(
-    "--max-seq-len",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Most tokens in one sequence (prompt + output). Default: the model's context length.",
-)
-@click.option(
-    "--block-size",
-    type=click.IntRange(min=1),
-    default=_ENGINE_DEFAULTS.block_size,
-    show_default=True,
-    help="Tokens per KV-cache block.",
-)
-@click.option(
-    "--gpu-memory-utilization",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
-    default=0.9,
-    show_default=True,
-    help="Fraction of device memory the server may use, in (0, 1]. Stored for the memory "
-    "preflight of a later release: it does not size the KV pool yet (use --num-kv-blocks).",
-)
-@click.option(
-    "--max-batch-size",
-    type=click.IntRange(min=1),
-    default=_ENGINE_DEFAULTS.max_batch_size,
-    show_default=True,
-    help="Most sequences the engine runs in one step (a request with n > this is refused).",
-)
-@click.option(
-    "--max-prefill-tokens",
-    type=click.IntRange(min=1),
-    default=_ENGINE_DEFAULTS.max_batch_tokens,
-    show_default=True,
-    help="Token budget of one engine step (prompt chunks plus decodes); longer prompts are "
-    "prefilled in chunks.",
-)
-@click.option(
-    "--num-kv-blocks",
-    type=click.IntRange(min=1),
-    default=None,
-    help="KV pool size in blocks. Default: room for --max-batch-size full-length sequences, "
-    "at most 4 GiB of K/V, never less than one full-length sequence.",
-)
-@click.option(
     "--enable-prefix-caching",
     is_flag=True,
     help="Reuse the KV blocks of prompt prefixes computed before.",
 )
 @click.option(
-    "--dtype",
-    type=click.Choice(["auto", *DTYPES]),
-    default="auto",
-    show_default=True,
-    help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
-)
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option(
     "--api-key",
     "api_keys",
     multiple=True,
     help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeatable; "
-    "/health* and /metrics stay open).",
+    "/health*, /metrics and /memory stay open).",
 )
 @click.option(
     "--api-key-file",
@@ -225,8 +177,8 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 @click.option(
     "--no-tui",
     is_flag=True,
-    help="Plain log lines, no terminal UI. Accepted for compatibility: there is no TUI yet, so "
-    "the log lines are always plain.",
+    help="Plain log lines on stderr, no dashboard (also METRALE_NO_TUI=1; the dashboard only "
+    "shows when stdin and stdout are terminals).",
 )
 @click.option(
     "--log-level",
@@ -243,7 +195,7 @@ def serve(
     max_seq_len: int | None,
     block_size: int,
     gpu_memory_utilization: float,
-    max_batch_size: int,
+    max_batch_size: int | None,
     max_prefill_tokens: int,
     num_kv_blocks: int | None,
     enable_prefix_caching: bool,
@@ -272,7 +224,6 @@ def serve(
     )
 
     _check_environment()
-    del no_tui  # there is no TUI: the log lines are always plain
     if any(not key.strip() for key in api_keys):
         raise click.BadParameter("an API key must not be empty", param_hint="'--api-key'")
     keys = tuple(key.strip() for key in api_keys)
@@ -307,6 +258,7 @@ def serve(
             max_batch_size=max_batch_size,
             max_batch_tokens=max_prefill_tokens,
             num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
         ),
@@ -316,18 +268,158 @@ def serve(
         api_keys=keys,
         request_timeout_s=request_timeout or None,
         drain_timeout_s=drain_timeout,
-        gpu_memory_utilization=gpu_memory_utilization,
         chat_template=template,
         max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
         log_level=log_level.lower(),
     )
     from metrale_server.serve_command import ServeError, run_serve  # Hypercorn, Starlette
+    from metrale_server.tui.serve_dashboard import is_dashboard_wanted
 
     try:
-        exit_code = run_serve(args)
+        exit_code = run_serve(args, show_dashboard=is_dashboard_wanted(no_tui=no_tui))
     except ServeError as error:
         raise click.ClickException(str(error)) from error
     click.get_current_context().exit(exit_code)
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    default="http://127.0.0.1:8888",
+    show_default=True,
+    help="The server to watch (any metrale server, local or remote).",
+)
+@click.option("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.25),
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls of the server.",
+)
+def top(url: str, api_key: str | None, interval: float) -> None:
+    """Watch a running server in a live dashboard (q quits, tab switches panels, ? help)."""
+    from metrale_server.top_command import run_top
+
+    click.get_current_context().exit(run_top(url, api_key=api_key, poll_interval_s=interval))
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    default=None,
+    help="Chat with the server at URL (default http://127.0.0.1:8888 unless --model is given).",
+)
+@click.option(
+    "--model",
+    "-m",
+    default=None,
+    help="Run this model in-process instead of talking to a server. " + MODEL_HELP,
+)
+@click.option("--api-key", default=None, help="Sent to --url as 'Authorization: Bearer KEY'.")
+@click.option("--system", default=None, help="A system message that starts the conversation.")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="New tokens at most per reply.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.7,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy.",
+)
+def chat(
+    url: str | None,
+    model: str | None,
+    api_key: str | None,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+) -> None:
+    """Chat in the terminal; replies stream. /reset forgets the conversation, /exit quits."""
+    if url is not None and model is not None:
+        raise click.UsageError("give --url or --model, not both")
+    from metrale_server.chat_command import run_chat
+    from metrale_server.tui.chat_backends import ChatBackend, EngineChatBackend, HttpChatBackend
+
+    backend: ChatBackend
+    if model is not None:
+        from metrale_server.engine import Engine
+
+        try:
+            engine = Engine(EngineArgs(model=model))
+        except (ValueError, OSError) as error:
+            raise click.ClickException(str(error)) from error
+        backend = EngineChatBackend(
+            engine, model_name=model, max_tokens=max_tokens, temperature=temperature
+        )
+    else:
+        backend = HttpChatBackend(
+            url or "http://127.0.0.1:8888",
+            api_key=api_key,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+    click.get_current_context().exit(run_chat(backend, system_prompt=system))
+
+
+@main.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", required=False)
+@plan_options
+@click.option(
+    "--device-memory-gib",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Plan for a device of this many GiB instead of this machine's (e.g. with "
+    "--device cuda on a machine without a GPU).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def memory(
+    model: str | None,
+    max_seq_len: int | None,
+    block_size: int,
+    gpu_memory_utilization: float,
+    max_batch_size: int | None,
+    max_prefill_tokens: int,
+    num_kv_blocks: int | None,
+    dtype: str,
+    device: str,
+    device_memory_gib: float | None,
+    as_json: bool,
+) -> None:
+    """Print the memory plan of serving MODEL with these flags, from its config alone.
+
+    MODEL is what `met serve` takes, or a config.json file; no weight is read. Exits 1 when
+    the serve would not fit, naming the term and the flags to change.
+    """
+    from metrale_server.memory_command import run_memory
+
+    _check_environment()
+    try:
+        engine_args = EngineArgs(
+            model=model,
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            max_batch_tokens=max_prefill_tokens,
+            num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        exit_code = run_memory(
+            model, engine_args, device_memory_gib=device_memory_gib, as_json=as_json
+        )
+    except (ValueError, OSError, RuntimeError) as error:
+        raise click.ClickException(str(error)) from error
+    click.get_current_context().exit(exit_code)
+
+
+main.add_command(bench)
 
 
 def serve_main() -> None:

@@ -41,7 +41,7 @@ def kib_field(text: str, key: str) -> int | None:
         if not sep or name != key:
             continue
         parts = rest.split()
-        if len(parts) != 2 or parts[1] != "kB" or not parts[0].isdigit():
+        if len(parts) != 2 or parts[1] != "kB" or not parts[0].isdecimal():
             return None
         return int(parts[0]) * 1024
     return None
@@ -50,7 +50,7 @@ def kib_field(text: str, key: str) -> int | None:
 def cgroup_limit(text: str) -> int | None:
     """A cgroup memory limit file's value; ``None`` for ``max`` (v2) or v1's "unlimited"."""
     value = text.strip()
-    if not value.isdigit():
+    if not value.isdecimal():
         return None
     limit = int(value)
     return None if limit >= _CGROUP_UNLIMITED_FLOOR else limit

@@ -65,7 +65,7 @@ def run_memory(
             engine_args, config, device=device, dtype=dtype, total_bytes=total
         )
     except (MemoryPlanError, PreflightError) as error:
-        _print_refusal(config, dtype, error, as_json=as_json)
+        _print_refusal(config, device, dtype, error, as_json=as_json)
         return 1
     if as_json:
         click.echo(json.dumps(plan_json(plan, config, device), indent=2))
@@ -102,7 +102,12 @@ def plan_json(plan: MemoryPlan, config: ModelConfig, device: torch.device) -> di
 
 
 def _print_refusal(
-    config: ModelConfig, dtype: torch.dtype, error: Exception, *, as_json: bool
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    error: Exception,
+    *,
+    as_json: bool,
 ) -> None:
     weights = weight_bytes(config, dtype.itemsize)
     per_token = kv_bytes_per_token(config, dtype.itemsize, indexer_paged=indexer_paged())
@@ -112,6 +117,7 @@ def _print_refusal(
             "fits": False,
             "model_type": config.model_type,
             "source": config.source,
+            "device": str(device),
             "term": term,
             "error": str(error),
             "weights_by_owner": weights.by_owner(),
@@ -119,7 +125,7 @@ def _print_refusal(
         }
         click.echo(json.dumps(document, indent=2))
         return
-    click.echo(f"{config.model_type} ({config.source}), {_dtype_name(dtype)}")
+    click.echo(f"{config.model_type} ({config.source}) on {device}, {_dtype_name(dtype)}")
     click.echo(
         f"Weights: {weights.total() / GIB:.2f} GiB; KV price: {per_token} B/token "
         f"({per_token * 1024 / GIB:.4f} GiB per 1k tokens)"

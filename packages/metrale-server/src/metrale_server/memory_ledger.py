@@ -19,6 +19,7 @@ class MemoryLedger:
         self._lock = threading.Lock()
         self._tensors: dict[str, list[torch.Tensor]] = defaultdict(list)
         self._bytes: dict[str, int] = defaultdict(int)
+        self._storages: set[int] = set()
 
     def allocate(
         self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
@@ -31,15 +32,13 @@ class MemoryLedger:
     def adopt(self, owner: str, tensor: torch.Tensor) -> None:
         """Charge ``owner`` for a tensor allocated elsewhere (a model loaded before the engine
         existed); its whole storage counts, once, whatever views share it."""
-        with self._lock:
-            pointers = {t.untyped_storage().data_ptr() for ts in self._tensors.values() for t in ts}
-        if tensor.untyped_storage().data_ptr() not in pointers:
-            self._record(owner, tensor)
+        self._record(owner, tensor, only_if_new=True)
 
     def release(self, owner: str) -> int:
         """Drop every allocation of ``owner``; returns the bytes released."""
         with self._lock:
-            self._tensors.pop(owner, None)
+            for tensor in self._tensors.pop(owner, []):
+                self._storages.discard(tensor.untyped_storage().data_ptr())
             return self._bytes.pop(owner, 0)
 
     def live_bytes(self) -> int:
@@ -50,8 +49,11 @@ class MemoryLedger:
         with self._lock:
             return {owner: size for owner, size in self._bytes.items() if size}
 
-    def _record(self, owner: str, tensor: torch.Tensor) -> None:
-        size = tensor.untyped_storage().nbytes()
+    def _record(self, owner: str, tensor: torch.Tensor, *, only_if_new: bool = False) -> None:
+        storage = tensor.untyped_storage()
         with self._lock:
+            if only_if_new and storage.data_ptr() in self._storages:
+                return
+            self._storages.add(storage.data_ptr())
             self._tensors[owner].append(tensor)
-            self._bytes[owner] += size
+            self._bytes[owner] += storage.nbytes()

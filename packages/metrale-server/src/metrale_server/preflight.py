@@ -88,10 +88,10 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
     weights = plan.weights
     tied = " (tied to the embeddings)" if config.tie_word_embeddings else ""
     lines = [
-        f"Weights: {_gb(weights.total())} GB = embeddings {_mb(weights.embeddings)} MB + layers "
-        f"{_mb(weights.layers)} MB + final norm {_mb(weights.final_norm)} MB + lm_head "
-        f"{_mb(weights.lm_head)} MB{tied}",
-        f"RoPE table: {_mb(plan.rope_table_bytes)} MB ({inputs.max_seq_len} positions, float32)",
+        f"Weights: {_gb(weights.total())} GiB = embeddings {_mb(weights.embeddings)} MiB + layers "
+        f"{_mb(weights.layers)} MiB + final norm {_mb(weights.final_norm)} MiB + lm_head "
+        f"{_mb(weights.lm_head)} MiB{tied}",
+        f"RoPE table: {_mb(plan.rope_table_bytes)} MiB ({inputs.max_seq_len} positions, float32)",
     ]
     if config.model_type in GLM5_NEXT_MODEL_TYPES and inputs.indexer_paged and config.dsa:
         lines.append(
@@ -102,22 +102,22 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         )
     if plan.per_sequence_reserve_bytes > 0:
         lines.append(
-            f"Per-sequence state reserve: {_mb(plan.per_sequence_reserve_bytes)} MB = "
-            f"{max(plan.max_batch_size, 1)} seq x ({_mb(plan.per_sequence.target_layers)} MB "
-            f"target DSA layers + {_mb(plan.per_sequence.proposer)} MB proposer). Owned per "
+            f"Per-sequence state reserve: {_mb(plan.per_sequence_reserve_bytes)} MiB = "
+            f"{max(plan.max_batch_size, 1)} seq x ({_mb(plan.per_sequence.target_layers)} MiB "
+            f"target DSA layers + {_mb(plan.per_sequence.proposer)} MiB proposer). Owned per "
             "sequence, replicated per rank (EP does not shard the indexer)."
         )
     else:
-        lines.append("Per-sequence state reserve: 0 MB (this model owns no per-sequence state)")
+        lines.append("Per-sequence state reserve: 0 MiB (this model owns no per-sequence state)")
     if plan.linear_state_pool_bytes > 0:
         lines.append(
-            f"Linear-attention state pool: {_mb(plan.linear_state_pool_bytes)} MB = "
+            f"Linear-attention state pool: {_mb(plan.linear_state_pool_bytes)} MiB = "
             f"{plan.max_batch_size + 1} slots (one dummy) of recurrent + conv state"
         )
     lines += [
-        f"Buffer arena: {_mb(plan.buffer_arena_bytes)} MB (step inputs for "
-        f"--max-batch-tokens={inputs.max_batch_tokens}, logits for {plan.max_batch_size} rows)",
-        f"Runtime headroom: {_mb(plan.runtime_headroom_bytes)} MB (runtime floor + the widest "
+        f"Buffer arena: {_mb(plan.buffer_arena_bytes)} MiB (step inputs for "
+        f"--max-prefill-tokens={inputs.max_batch_tokens}, logits for {plan.max_batch_size} rows)",
+        f"Runtime headroom: {_mb(plan.runtime_headroom_bytes)} MiB (runtime floor + the widest "
         "step's activations and attention scratch; not allocated at start)",
     ]
     if inputs.max_batch_size is None:
@@ -126,9 +126,9 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
             f"{plan.admitted_sequences} sequence(s) at the full --max-seq-len={inputs.max_seq_len}"
         )
     lines.append(
-        f"KV cache: {_gb(inputs.total_bytes)} GB total x {inputs.gpu_memory_utilization:.0%} util "
-        f"= {_gb(plan.budget_bytes)} GB budget; {_gb(plan.pre_kv_bytes)} GB weights + "
-        f"{_gb(plan.reserve_bytes)} GB reserve -> {_gb(plan.kv_pool_bytes)} GB for KV -> "
+        f"KV cache: {_gb(inputs.total_bytes)} GiB total x {inputs.gpu_memory_utilization:.0%} util "
+        f"= {_gb(plan.budget_bytes)} GiB budget; {_gb(plan.pre_kv_bytes)} GiB weights + "
+        f"{_gb(plan.reserve_bytes)} GiB reserve -> {_gb(plan.kv_pool_bytes)} GiB for KV -> "
         f"{plan.kv_blocks} blocks x {inputs.block_size} tok/block = {plan.max_kv_tokens} max "
         f"KV tokens ({plan.kv_bytes_per_token} B/token)"
     )

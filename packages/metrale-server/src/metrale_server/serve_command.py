@@ -26,14 +26,19 @@ from hypercorn.config import Config, Sockets
 from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
-from metrale_model_arch import kv_cache_bytes_per_token, load_model
+from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api import ServerState, create_app
 from metrale_server.async_engine import AsyncEngine
 from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.engine import Engine
+from metrale_server.host_memory import record_mem_available_at_start
 from metrale_server.loading_app import LoadingApp
+from metrale_server.memory_ledger import MemoryLedger
+from metrale_server.preflight import PreflightError, plan_engine_memory, plan_log_lines
 from metrale_server.request_log import LoggingServerMetrics
 from metrale_server.serve_args import ServeArgs
+from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
 logger = logging.getLogger("metrale.serve")
 
@@ -47,9 +52,14 @@ class ServeError(RuntimeError):
     """The server cannot start (e.g. the address is taken); the message names the flag."""
 
 
-def run_serve(args: ServeArgs) -> int:
-    """Serve until SIGTERM/SIGINT. Returns 0 after a drain, 1 if the model failed to load."""
+def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
+    """Serve until SIGTERM/SIGINT. Returns 0 after a drain, 1 if the model failed to load.
+
+    ``show_dashboard``: draw the terminal dashboard on stdout (its ``q`` drains like SIGINT)
+    and send the log lines to its log panel instead of stderr.
+    """
     configure_logging(args.log_level)
+    plan = preflight(args)
     config = hypercorn_config(args)
     try:
         sockets = config.create_sockets()
@@ -57,13 +67,28 @@ def run_serve(args: ServeArgs) -> int:
         raise ServeError(
             f"cannot listen on {args.bind} (--host/--port): {error.strerror or error}"
         ) from error
-    warn_if_exposed(args)
-    for sock in sockets.insecure_sockets:
-        host, port = sock.getsockname()[:2]
-        logger.info(
-            "address: http://%s/ (/health is 503 until the model is loaded)", _url_host(host, port)
-        )
-    return asyncio.run(_serve(args, config, sockets))
+    dashboard = _start_dashboard(args, sockets) if show_dashboard else None
+    try:
+        warn_if_exposed(args)
+        for sock in sockets.insecure_sockets:
+            host, port = sock.getsockname()[:2]
+            logger.info(
+                "address: http://%s/ (/health is 503 until the model is loaded)",
+                _url_host(host, port),
+            )
+        return asyncio.run(_serve(args, plan, config, sockets))
+    finally:
+        if dashboard is not None:
+            dashboard.close()
+
+
+def _start_dashboard(args: ServeArgs, sockets: Sockets) -> ServeDashboard:
+    host, port = sockets.insecure_sockets[0].getsockname()[:2]
+    dashboard = ServeDashboard(
+        local_url(host, port), api_key=args.api_keys[0] if args.api_keys else None
+    )
+    dashboard.start()
+    return dashboard
 
 
 def warn_if_exposed(args: ServeArgs) -> None:
@@ -98,29 +123,49 @@ def hypercorn_config(args: ServeArgs) -> Config:
     return config
 
 
-def build_engine(args: ServeArgs) -> Engine:
-    """Load the model (with ``--chat-template`` in place of its own) and size the engine."""
+def preflight(args: ServeArgs) -> MemoryPlan:
+    """Plan memory from the config alone and log it, one line per owner; raises ``ServeError``
+    naming the term and the flags when the serve cannot fit. Nothing is loaded yet."""
+    record_mem_available_at_start()
+    engine_args = args.engine_args
+    try:
+        device = resolve_device(engine_args.device)
+        config = read_model_config(resolve_model(engine_args.model))
+        plan = plan_engine_memory(
+            engine_args, config, device=device, dtype=resolve_dtype(engine_args.dtype, device)
+        )
+    except (MemoryPlanError, PreflightError) as error:
+        raise ServeError(f"memory preflight: {error}") from error
+    for line in plan_log_lines(plan, config):
+        logger.info("%s", line)
+    return plan
+
+
+def build_engine(args: ServeArgs, plan: MemoryPlan) -> Engine:
+    """Load the model through the allocation ledger (with ``--chat-template`` in place of its
+    own) and build the engine the plan sized."""
     engine_args = args.engine_args
     device = resolve_device(engine_args.device)
+    ledger = MemoryLedger()
     loaded = load_model(
         engine_args.model,
         dtype=resolve_dtype(engine_args.dtype, device),
         device=device,
-        max_seq_len=engine_args.max_seq_len,
+        max_seq_len=plan.inputs.max_seq_len,
+        allocator=ledger.allocate,
     )
     if args.chat_template is not None:
         template = attrs.evolve(
             args.chat_template, special_tokens=loaded.tokenizer.special_tokens_map
         )
         loaded = attrs.evolve(loaded, chat_template=template)
-    return Engine(engine_args, loaded)
+    return Engine(engine_args, loaded, plan=plan, ledger=ledger)
 
 
 def log_boot(engine: Engine, args: ServeArgs) -> None:
     """One line per fact an operator checks first; never any prompt text."""
     loaded = engine.loaded
-    block_size = engine.args.block_size
-    block_bytes = kv_cache_bytes_per_token(loaded.config, loaded.dtype) * block_size
+    plan = engine.plan
     logger.info(
         "model: %s (%s %s), served as %r",
         loaded.source.name,
@@ -131,21 +176,22 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
     logger.info("dtype: %s", str(loaded.dtype).removeprefix("torch."))
     logger.info("device: %s", loaded.device)
     logger.info(
-        "KV cache: %d blocks x %d tokens (%.1f MiB)%s",
+        "KV pool: %d blocks x %d tokens (%.1f MiB)%s; allocation ledger: %.1f MiB live",
         engine.num_kv_blocks,
-        block_size,
-        engine.num_kv_blocks * block_bytes / 2**20,
+        plan.inputs.block_size,
+        plan.kv_pool_bytes / 2**20,
         ", prefix caching on" if engine.args.enable_prefix_caching else "",
+        engine.ledger.live_bytes() / 2**20,
     )
     logger.info(
         "max batch: %d sequences, %d tokens per step",
-        engine.args.max_batch_size,
+        engine.max_batch_size,
         engine.args.max_batch_tokens,
     )
     logger.info("max seq len: %d", engine.max_seq_len)
 
 
-async def _serve(args: ServeArgs, config: Config, sockets: Sockets) -> int:
+async def _serve(args: ServeArgs, plan: MemoryPlan, config: Config, sockets: Sockets) -> int:
     stop = asyncio.Event()
     exit_code = 0
     front = LoadingApp(args.served_model_name)
@@ -170,7 +216,7 @@ async def _serve(args: ServeArgs, config: Config, sockets: Sockets) -> int:
     async def load() -> AsyncEngine | None:
         nonlocal exit_code, state
         try:
-            engine = await asyncio.to_thread(build_engine, args)
+            engine = await asyncio.to_thread(build_engine, args, plan)
         except Exception as error:
             logger.error("cannot load the model: %s", error)
             exit_code = EXIT_LOAD_FAILED

@@ -41,6 +41,9 @@ def doubling_levels(max_concurrency: int) -> list[int]:
 
 @attrs.frozen(kw_only=True)
 class SweepSpec:
+    """The levels, and how many requests each sends (the workload's ``num_prompts`` is not
+    used)."""
+
     concurrencies: tuple[int, ...]
     prompts_per_concurrency: int = 4
     min_prompts: int = 4

@@ -1,4 +1,7 @@
-"""The default-tier boot benchmark's wire type: what ``GET /memory`` reports (``MemoryReport``).
+"""The default-tier boot benchmark: its wire type, what ``GET /memory`` reports
+(``MemoryReport``), and its driver (``run_default_tier_boot``: warm a server with 8 concurrent
+chats, then record ``/memory``'s footprint against budget; ``met bench default-tier-boot``
+boots ``met serve`` for it).
 
 On the CPU and on a unified-memory device, device allocations come out of host RAM, so the drop
 in host ``MemAvailable`` since the server started is the serve's footprint; ``rss_anon_bytes``

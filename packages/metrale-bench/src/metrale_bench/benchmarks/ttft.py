@@ -23,7 +23,7 @@ from metrale_bench.benchmarks.common import (
 )
 from metrale_bench.datasets import BenchRequest, random_text
 from metrale_bench.load import LoadResult, LoadSpec
-from metrale_bench.metrics import LatencySummary
+from metrale_bench.metrics import MS_PER_S, LatencySummary
 from metrale_bench.records import BenchRecord, new_record
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget
@@ -68,9 +68,7 @@ def ttft_requests(
     cold = [request(_segment(api, total, rng)) for _ in range(spec.runs)]
     prefix = _segment(api, spec.prefix_len, rng)
     prime = request(_joined(prefix, _segment(api, spec.suffix_len, rng)))
-    warm = [
-        request(_joined(prefix, _segment(api, spec.suffix_len, rng))) for _ in range(spec.runs)
-    ]
+    warm = [request(_joined(prefix, _segment(api, spec.suffix_len, rng))) for _ in range(spec.runs)]
     return cold, prime, warm
 
 
@@ -80,7 +78,7 @@ def _summary_metrics(name: str, result: LoadResult) -> dict[str, MetricValue]:
     return {
         f"ttft_{name}_p50_ms": None if summary is None else summary.median_ms,
         f"ttft_{name}_mean_ms": None if summary is None else summary.mean_ms,
-        f"ttft_{name}_max_ms": None if not ttfts else max(ttfts) * 1000.0,
+        f"ttft_{name}_max_ms": None if not ttfts else max(ttfts) * MS_PER_S,
     }
 
 
@@ -110,12 +108,15 @@ async def run_ttft(
             label=f"ttft {name}",
             show_progress=show_progress,
         )
-    metrics = {**_summary_metrics("cold", results["cold"]), **_summary_metrics("warm", results["warm"])}
+    metrics = {
+        **_summary_metrics("cold", results["cold"]),
+        **_summary_metrics("warm", results["warm"]),
+    }
     cold_p50, warm_p50 = metrics["ttft_cold_p50_ms"], metrics["ttft_warm_p50_ms"]
     metrics["warm_over_cold"] = None if not cold_p50 or warm_p50 is None else warm_p50 / cold_p50
     samples = {
         f"ttft_{name}_ms": [
-            round(o.ttft_s * 1000.0, 3)
+            round(o.ttft_s * MS_PER_S, 3)
             for o in result.outcomes
             if o.is_success and o.ttft_s is not None
         ]

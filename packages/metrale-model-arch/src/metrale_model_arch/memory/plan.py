@@ -217,7 +217,7 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             f"({_budget(inputs)}) less {_gib(draft.pre_kv_bytes)} of weights and "
             f"{_gib(draft.reserve_bytes)} of reserve (largest term: {term}, {_gib(size)}) "
             f"leaves {_gib(max(kv_room, 0))}; lower --max-seq-len, --max-batch-size or "
-            "--max-batch-tokens, or raise --gpu-memory-utilization",
+            "--max-prefill-tokens, or raise --gpu-memory-utilization",
             term="kv_cache",
         )
     if inputs.num_kv_blocks is not None:

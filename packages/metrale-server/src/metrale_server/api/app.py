@@ -23,6 +23,9 @@ from metrale_server.api.errors import (
     api_error_handler,
     http_exception_handler,
 )
+from metrale_server.api.memory_route import get_memory
+from metrale_server.api.recent_requests import list_recent_requests
+from metrale_server.api.server_info import server_info
 from metrale_server.api.state import ServerState
 
 ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -47,8 +50,15 @@ def create_app(state: ServerState) -> Starlette:
         Route("/health", bound(misc_routes.health), methods=["GET"]),
         Route("/health/live", misc_routes.health_live, methods=["GET"]),
         Route("/metrics", bound(misc_routes.metrics), methods=["GET"]),
+        Route("/memory", bound(get_memory), methods=["GET"]),
         Route("/version", misc_routes.server_version, methods=["GET"]),
         Route("/tokenize", bound(misc_routes.tokenize), methods=["POST"]),
+        Route("/v1/server", bound(server_info), methods=["GET"]),
+        Route(
+            "/v1/requests/recent",
+            partial(list_recent_requests, recent=state.metrics.recent_requests),
+            methods=["GET"],
+        ),
         Route("/detokenize", bound(misc_routes.detokenize), methods=["POST"]),
     ]
     for prefix in misc_routes.NOT_IMPLEMENTED_PREFIXES:

@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from metrale_server.api.errors import ApiError, closing_if_body
 from metrale_server.api.state import ServerState
 
-OPEN_PATHS = frozenset({"/health", "/health/live", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/health/live", "/metrics", "/memory"})
 
 
 def is_authorized(authorization: str | None, api_keys: tuple[str, ...]) -> bool:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
 from metrale_server.engine import Engine
 from metrale_server.outputs import RequestOutput
 
@@ -50,6 +51,29 @@ class _EngineCollector(Collector):
             "Fraction of KV cache blocks in use (0..1).",
             engine.block_manager.usage,
         )
+        yield self._gauge(
+            "metrale_kv_cache_blocks_total",
+            "KV cache blocks in the pool.",
+            engine.num_kv_blocks,
+        )
+        yield self._gauge(
+            "metrale_kv_cache_block_bytes",
+            "Bytes of one KV cache block over all layers.",
+            engine.plan.kv_block_bytes,
+        )
+        yield self._gauge(
+            "metrale_memory_budget_bytes",
+            "Total device memory x --gpu-memory-utilization.",
+            engine.plan.budget_bytes,
+        )
+        ledger = GaugeMetricFamily(
+            "metrale_memory_ledger_bytes",
+            "Live bytes in the allocation ledger, by owner.",
+            labels=["model_name", "owner"],
+        )
+        for owner, size in sorted(engine.ledger.live_bytes_by_owner().items()):
+            ledger.add_metric([*self._labels, owner], size)
+        yield ledger
         yield self._counter(
             "metrale_prompt_tokens",
             "Prompt tokens computed (prefill).",
@@ -91,6 +115,7 @@ class ServerMetrics:
     def __init__(self, engine: Engine, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
+        self.recent_requests = RecentRequests()
         self._model_name = model_name
         labels = ["model_name"]
         self.time_to_first_token = Histogram(
@@ -140,12 +165,18 @@ class RequestTracker:
         self._metrics = metrics
         self._arrival = time.monotonic()
         self._first_token_at: float | None = None
+        self._is_recorded = False
 
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
         if self._first_token_at is None and any(o.token_ids for o in output.outputs):
             self._first_token_at = now
             self._metrics.time_to_first_token.observe(now - self._arrival)
+        if output.finished and not self._is_recorded:
+            self._is_recorded = True
+            self._metrics.recent_requests.add(
+                FinishedRequest.from_output(output, now - self._arrival)
+            )
         if not output.finished or output.error is not None:
             return
         self._metrics.e2e_request_latency.observe(now - self._arrival)

@@ -1,0 +1,181 @@
+"""A second, independent OpenAI-compatible server: a small Starlette app streaming fake tokens.
+
+It shows the harness is not tied to metrale. It answers ``/v1/models``, ``/version``,
+``/health``, ``/memory`` and both streaming endpoints; every output token is one SSE chunk
+``"tok "`` sent ``TOKEN_DELAY_S`` apart. The model name picks a misbehaviour: ``broken``
+answers 500, ``no-usage`` omits usage, ``no-finish`` never gives a finish reason, ``silent``
+streams no text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+FAKE_MODEL = "fake-model"
+TOKEN_DELAY_S = 0.002
+FIRST_TOKEN_DELAY_S = 0.01
+MIB = 1 << 20
+FAKE_MEMORY = {
+    "kv_blocks": 64,
+    "kv_block_bytes": 2 * MIB,
+    "max_batch_size": 8,
+    "budget_bytes": 512 * MIB,
+    "ledger_live_bytes": 300 * MIB,
+    "mem_available_at_start_bytes": 10_000 * MIB,
+    "mem_available_now_bytes": 9_400 * MIB,
+    "rss_anon_bytes": 650 * MIB,
+    "device": "cpu",
+    "total_bytes": 16_000 * MIB,
+    "gpu_memory_utilization": 0.9,
+    "block_size": 16,
+    "max_seq_len": 2048,
+    "kv_bytes_per_token": 128 * 1024,
+    "plan_by_owner": {"weights": 200 * MIB, "kv": 128 * MIB},
+    "ledger_by_owner": {"weights": 172 * MIB, "kv": 128 * MIB},
+}
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    if "messages" in body:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"]) + 3
+    prompt = body.get("prompt", "")
+    return len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+
+
+async def _events(body: dict[str, Any], is_chat: bool) -> AsyncIterator[str]:
+    model = body.get("model")
+    num_tokens = int(body.get("max_tokens", 16))
+    await asyncio.sleep(FIRST_TOKEN_DELAY_S)
+    for index in range(num_tokens):
+        is_last = index == num_tokens - 1
+        finish = "length" if is_last and model != "no-finish" else None
+        text = "" if model == "silent" else "tok "
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if is_chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        yield _sse({"id": "x", "model": model, "choices": [choice], "usage": None})
+        if not is_last:
+            await asyncio.sleep(TOKEN_DELAY_S)
+    if model != "no-usage":
+        prompt_tokens = _prompt_tokens(body)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": num_tokens,
+            "total_tokens": prompt_tokens + num_tokens,
+        }
+        yield _sse({"id": "x", "model": model, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
+
+
+async def _generate(request: Request, is_chat: bool) -> Response:
+    body = await request.json()
+    if body.get("model") == "broken":
+        return JSONResponse({"error": {"message": "broken on purpose"}}, status_code=500)
+    return StreamingResponse(_events(body, is_chat), media_type="text/event-stream")
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, is_chat=False)
+
+
+async def chat(request: Request) -> Response:
+    return await _generate(request, is_chat=True)
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{"id": FAKE_MODEL, "object": "model"}]})
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": "fake-0.0.1"})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def memory(request: Request) -> Response:
+    return JSONResponse(FAKE_MEMORY)
+
+
+def fake_app() -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/version", version),
+            Route("/health", health),
+            Route("/memory", memory),
+        ]
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def fake_delays_s() -> tuple[float, float]:
+    """The fake server's delay before the first token and between tokens."""
+    return FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S
+
+
+@pytest.fixture(scope="session")
+def fake_server_url() -> Iterator[str]:
+    """The base URL of the fake server, served by Hypercorn on a thread for the session."""
+    port = _free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    stopping = threading.Event()
+    ready = threading.Event()
+
+    async def shutdown_trigger() -> None:
+        while not stopping.is_set():
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        task = asyncio.create_task(serve(fake_app(), config, shutdown_trigger=shutdown_trigger))
+        while not task.done():
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            break
+        ready.set()
+        await task
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    thread.start()
+    assert ready.wait(30), "the fake server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stopping.set()
+        thread.join(30)

@@ -1,0 +1,141 @@
+"""``bench`` through click against the fake server: records, plots, exit codes, list, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from metrale_bench.cli import bench
+from metrale_bench.records import read_record
+
+
+def _invoke(args: list[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(bench, args, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _only_record(folder: Path) -> Path:
+    (path,) = folder.glob("*.json")
+    return path
+
+
+def test_serve_writes_record_and_plot(fake_server_url: str, tmp_path: Path) -> None:
+    code, out, _ = _invoke(
+        ["serve", "--base-url", fake_server_url, "--num-prompts", "4", "--random-input-len", "8",
+         "--random-output-len", "4", "--request-rate", "100", "--burstiness", "0.5",
+         "--slo", "ttft:5000", "--records-dir", str(tmp_path), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0, out
+    path = _only_record(tmp_path / "serve")
+    assert path.with_suffix(".png").exists()
+    record = read_record(path)
+    assert record.metrics["num_completed"] == 4
+    assert record.params["load"] == {
+        "request_rate": 100.0,
+        "burstiness": 0.5,
+        "max_concurrency": None,
+        "seed": 0,
+    }
+    assert record.params["slo"]["ttft_ms"] == 5000
+    assert "output_tok_s" in out
+    assert str(path) in out
+
+
+def test_failed_requests_exit_nonzero(fake_server_url: str, tmp_path: Path) -> None:
+    code, _, err = _invoke(
+        ["serve", "--base-url", fake_server_url, "--model", "no-usage", "--num-prompts", "2",
+         "--random-output-len", "3", "--records-dir", str(tmp_path), "--no-progress", "--no-plot"]
+    )  # fmt: skip
+    assert code == 1
+    assert "2 request(s) failed" in err
+    assert "no usage" in err
+    # The record is still written, with the failures in it.
+    record = read_record(_only_record(tmp_path / "serve"))
+    assert record.num_failed == 2
+
+
+def test_sweep_decode_floor_ttft_tier_boot(fake_server_url: str, tmp_path: Path) -> None:
+    common = ["--base-url", fake_server_url, "--records-dir", str(tmp_path), "--no-progress"]
+    runs = [
+        ["concurrency-sweep", "--concurrencies", "1,2", "--prompts-per-concurrency", "2",
+         "--random-input-len", "8", "--random-output-len", "3"],
+        ["decode-floor", "--input-len", "8", "--output-len", "6", "--runs", "2"],
+        ["ttft", "--prefix-len", "8", "--suffix-len", "2", "--runs", "2"],
+        ["default-tier-boot", "--num-chats", "2", "--prompt-words", "8", "--max-tokens", "3"],
+    ]  # fmt: skip
+    for args in runs:
+        code, out, err = _invoke([*args, *common])
+        assert code == 0, out + err
+    names = {p.parent.name for p in tmp_path.rglob("*.json")}
+    assert names == {"concurrency-sweep", "decode-floor", "ttft", "default-tier-boot"}
+    assert len(list(tmp_path.rglob("*.png"))) == 4
+    code, out, _ = _invoke(["list", str(tmp_path)])
+    assert code == 0
+    for name in names:
+        assert name in out
+
+
+def test_compare(fake_server_url: str, tmp_path: Path) -> None:
+    args = [
+        "decode-floor",
+        "--base-url",
+        fake_server_url,
+        "--input-len",
+        "4",
+        "--output-len",
+        "4",
+        "--runs",
+        "1",
+        "--records-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--no-plot",
+    ]
+    assert _invoke(args)[0] == 0
+    assert _invoke(args)[0] == 0
+    a, b = sorted((tmp_path / "decode-floor").glob("*.json"))
+    code, out, _ = _invoke(["compare", str(a), str(b)])
+    assert code == 0
+    assert "decode_tok_s" in out
+    assert "B / A" in out
+
+
+def test_compare_refuses_a_non_record(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"schema": 99}))
+    code, _, err = _invoke(["compare", str(path), str(path)])
+    assert code == 1
+    assert "schema" in err
+
+
+def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
+    assert _invoke(["serve", "--dataset", "sharegpt"])[0] == 2
+    assert _invoke(["serve", "--slo", "speed:1"])[0] == 2
+    assert _invoke(["concurrency-sweep", "--concurrencies", "1,x"])[0] == 2
+
+
+def test_unreachable_server_is_an_error(tmp_path: Path) -> None:
+    code, _, err = _invoke(
+        ["decode-floor", "--base-url", "http://127.0.0.1:9", "--records-dir", str(tmp_path)]
+    )
+    assert code == 1
+    assert "GET /v1/models" in err
+    assert not tmp_path.exists() or not list(tmp_path.rglob("*.json"))
+
+
+def test_serve_sharegpt_over_chat(fake_server_url: str, tmp_path: Path) -> None:
+    dataset = tmp_path / "sharegpt.json"
+    turns = [{"from": "human", "value": "Tell me a story."}, {"from": "gpt", "value": "Once."}]
+    dataset.write_text(json.dumps([{"conversations": turns}] * 3))
+    code, out, err = _invoke(
+        ["serve", "--base-url", fake_server_url, "--api", "chat", "--dataset", "sharegpt",
+         "--dataset-path", str(dataset), "--num-prompts", "3", "--records-dir",
+         str(tmp_path / "records"), "--no-progress", "--no-plot"]
+    )  # fmt: skip
+    assert code == 0, out + err
+    record = read_record(_only_record(tmp_path / "records" / "serve"))
+    # "Once." is 5 characters → ceil(5 / 4) = 2 tokens asked for, and the fake makes them all.
+    assert record.metrics["total_output_tokens"] == 3 * 2
+    assert record.params["workload"]["dataset_path"] == str(dataset)

@@ -1,0 +1,31 @@
+"""``GET /v1/server``: what the served engine was built with, for dashboards' header chips."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from metrale_server.api.state import ServerState
+
+
+async def server_info(request: Request, *, state: ServerState) -> Response:
+    engine = state.engine
+    loaded = engine.loaded
+    return JSONResponse(
+        {
+            "model": state.served_model_name,
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "device": str(loaded.device),
+            "num_kv_blocks": engine.num_kv_blocks,
+            "block_size": engine.args.block_size,
+            "max_batch_size": engine.args.max_batch_size,
+            "max_batch_tokens": engine.args.max_batch_tokens,
+            "max_seq_len": engine.max_seq_len,
+            "is_prefix_caching": engine.args.enable_prefix_caching,
+            "started_at": state.started_at,
+            "uptime_s": time.time() - state.started_at,
+            "num_active_requests": state.num_active_requests,
+        }
+    )

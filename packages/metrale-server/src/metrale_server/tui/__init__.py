@@ -1,0 +1,1 @@
+"""The terminal dashboard of ``met serve`` and ``met top``, and the ``met chat`` client."""

@@ -1,0 +1,82 @@
+"""The routes the dashboard reads (``/v1/server``, ``/v1/requests/recent``), and ``met top``'s
+poller against the real server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
+from metrale_server.tui.poller import HttpPoller
+from metrale_server.tui.snapshot import Status
+
+
+def test_server_info_reports_the_engine_shape(server: Any) -> None:
+    body = server.client.get("/v1/server").json()
+    engine = server.engine
+    assert body["model"] == "tiny-llama"
+    assert body["dtype"] == "float32"
+    assert body["device"] == "cpu"
+    assert body["num_kv_blocks"] == engine.num_kv_blocks
+    assert body["block_size"] == engine.args.block_size
+    assert body["max_batch_size"] == 32
+    assert body["max_seq_len"] == engine.max_seq_len
+    assert body["started_at"] == server.state.started_at
+
+
+def test_recent_requests_list_counts_and_never_text(server: Any) -> None:
+    secret = "my very secret prompt"
+    response = server.client.post(
+        "/v1/completions",
+        json={"model": "tiny-llama", "prompt": secret, "max_tokens": 5, "ignore_eos": True},
+    )
+    assert response.status_code == 200
+    request_id = response.json()["id"]
+    recent = server.client.get("/v1/requests/recent")
+    assert recent.status_code == 200
+    assert secret not in recent.text
+    assert response.json()["choices"][0]["text"] not in recent.text
+    newest = recent.json()["data"][0]
+    assert newest["request_id"].startswith(request_id)
+    assert newest["num_completion_tokens"] == 5
+    assert newest["num_prompt_tokens"] == response.json()["usage"]["prompt_tokens"]
+    assert newest["finish_reason"] == "length"
+    assert newest["latency_s"] > 0
+
+
+def test_the_ring_keeps_the_newest() -> None:
+    ring = RecentRequests(num_kept=2)
+    for i in range(3):
+        ring.add(
+            FinishedRequest(
+                request_id=str(i),
+                num_prompt_tokens=1,
+                num_completion_tokens=1,
+                latency_s=0.1,
+                finish_reason="stop",
+                finished_at=float(i),
+            )
+        )
+    assert [r.request_id for r in ring.newest_first()] == ["2", "1"]
+
+
+def test_the_poller_reads_a_real_server(server: Any) -> None:
+    server.client.post(
+        "/v1/completions",
+        json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 3, "ignore_eos": True},
+    )
+    snapshot = HttpPoller(server.base_url).poll()
+    assert snapshot.status is Status.SERVING
+    assert snapshot.error is None or "/memory" not in snapshot.error
+    assert snapshot.model == "tiny-llama"
+    assert snapshot.server is not None
+    assert snapshot.server.num_kv_blocks == server.engine.num_kv_blocks
+    assert snapshot.metrics is not None
+    assert snapshot.metrics.num_generation_tokens >= 3
+    assert snapshot.metrics.num_finished >= 1
+    assert snapshot.recent_requests
+    assert snapshot.version is not None
+
+
+def test_the_poller_sees_draining(server: Any) -> None:
+    with server.overridden(is_draining=True):
+        assert HttpPoller(server.base_url).poll().status is Status.DRAINING
