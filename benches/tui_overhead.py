@@ -7,9 +7,10 @@ on a pseudo-terminal of 80×24 so the dashboard runs (polling the server every s
 at most 4 frames a second; a thread here reads and discards the terminal's output). Each gets
 a warm-up request, then the same streaming completions sent at once (the workload of
 ``http_throughput.py``: random token ids, ``ignore_eos``, temperature 0). Throughput =
-requested output tokens / wall time; the best run of each mode counts. Prints both and the
-ratio. The client runs on the same machine, so on a small, busy box the ratio is noisy: read
-it next to the spread of the runs it prints.
+requested output tokens / wall time; the best run of each mode counts. Prints both, their
+ratio, the ratio of the medians, and the server process's CPU seconds per run with and
+without the dashboard. The client runs on the same machine, so on a small, busy box the
+throughput ratio is noisy: read it next to the spread of the runs, and the CPU figure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import fcntl
 import os
 import pty
+import statistics
 import struct
 import subprocess
 import sys
@@ -68,11 +70,20 @@ def _discard(fd: int) -> None:
         os.close(fd)
 
 
-def measure(server: ServerProcess, workload: list[tuple[list[int], int]]) -> float:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of every thread of ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(server: ServerProcess, workload: list[tuple[list[int], int]]) -> tuple[float, float]:
+    """Wall seconds of the workload, and the CPU seconds the server spent meanwhile."""
     try:
         server.wait_ready(timeout_s=300)
         models = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused").models.list()
-        return asyncio.run(run_http(server.base_url, models.data[0].id, workload))
+        cpu_before = process_cpu_s(server.process.pid)
+        elapsed = asyncio.run(run_http(server.base_url, models.data[0].id, workload))
+        return elapsed, process_cpu_s(server.process.pid) - cpu_before
     finally:
         exit_code = server.stop(timeout_s=60)
         assert exit_code == 0, server.log_text()
@@ -98,14 +109,28 @@ def main() -> None:
 
     plain_times: list[float] = []
     tui_times: list[float] = []
+    plain_cpu: list[float] = []
+    tui_cpu: list[float] = []
     for _ in range(args.repeats):
-        plain_times.append(measure(ServerProcess.start([*serve_args, "--no-tui"]), workload))
-        tui_times.append(measure(start_on_terminal(serve_args), workload))
+        elapsed, cpu_s = measure(ServerProcess.start([*serve_args, "--no-tui"]), workload)
+        plain_times.append(elapsed)
+        plain_cpu.append(cpu_s)
+        elapsed, cpu_s = measure(start_on_terminal(serve_args), workload)
+        tui_times.append(elapsed)
+        tui_cpu.append(cpu_s)
     plain_rate = num_output / min(plain_times)
     tui_rate = num_output / min(tui_times)
     print(f"no dashboard: {plain_rate:.1f} output tok/s (runs: {_seconds(plain_times)})")
     print(f"dashboard:    {tui_rate:.1f} output tok/s (runs: {_seconds(tui_times)})")
     print(f"ratio dashboard / none: {tui_rate / plain_rate:.3f} (goal >= 0.98)")
+    median_ratio = statistics.median(plain_times) / statistics.median(tui_times)
+    print(f"ratio of the medians: {median_ratio:.3f}")
+    # CPU per run is far less sensitive than wall time to other work on the machine.
+    extra_cpu = statistics.median(tui_cpu) / statistics.median(plain_cpu) - 1
+    print(
+        f"server CPU per run (median): {statistics.median(plain_cpu):.2f} s without, "
+        f"{statistics.median(tui_cpu):.2f} s with the dashboard ({extra_cpu:+.1%})"
+    )
 
 
 def _seconds(times: list[float]) -> str:

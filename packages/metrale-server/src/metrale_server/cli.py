@@ -314,7 +314,8 @@ def top(url: str, api_key: str | None, interval: float) -> None:
     "--model",
     "-m",
     default=None,
-    help="Run this model in-process instead of talking to a server. " + MODEL_HELP,
+    help="Run MODEL in this process instead of talking to a server: a local model directory, "
+    "a .gguf file, or a name found in the HF hub cache.",
 )
 @click.option("--api-key", default=None, help="Sent to --url as 'Authorization: Bearer KEY'.")
 @click.option("--system", default=None, help="A system message that starts the conversation.")

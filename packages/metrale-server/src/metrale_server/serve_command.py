@@ -102,7 +102,8 @@ def warn_if_exposed(args: ServeArgs) -> None:
 
 
 def configure_logging(level: str) -> None:
-    """Plain log lines on stderr (there is no TUI yet); Hypercorn's chatter only at debug."""
+    """Plain log lines on stderr (the dashboard, when shown, takes them over); Hypercorn's
+    chatter only at debug."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()

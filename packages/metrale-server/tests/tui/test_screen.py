@@ -84,7 +84,7 @@ def test_memory_page_shows_plan_and_ledger_by_owner(make_view: ViewFactory) -> N
     assert weights.split()[2:6] == ["1.0", "MiB", "1.0", "MiB"]
     kv = next(line for line in lines if "kv_cache" in line)
     assert kv.split()[2:6] == ["2.0", "MiB", "2.0", "MiB"]
-    assert any("budget 1.0 GiB on cpu" in line for line in lines)
+    assert any("budget 1.0 GiB on cpu · process RSS (anon) n/a" in line for line in lines)
 
 
 def test_memory_page_says_n_a_without_a_memory_route(

@@ -158,7 +158,9 @@ def render_memory_panel(view: DashboardView) -> Panel:
         style="bold",
     )
     budget = Text(
-        f"budget {format_bytes(memory.budget_bytes)} on {memory.device}",
+        f"budget {format_bytes(memory.budget_bytes)} on {memory.device}"
+        f" · process RSS (anon) {format_bytes(memory.rss_anon_bytes)}"
+        f" · host available fell {format_bytes(memory.mem_available_drop_bytes)}",
         style="dim",
         no_wrap=True,
         overflow="ellipsis",
