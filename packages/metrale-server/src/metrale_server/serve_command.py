@@ -137,6 +137,8 @@ def preflight(args: ServeArgs) -> MemoryPlan:
         )
     except (MemoryPlanError, PreflightError) as error:
         raise ServeError(f"memory preflight: {error}") from error
+    except (ValueError, OSError) as error:  # ConfigError is a ValueError
+        raise ServeError(f"cannot read the model's config: {error}") from error
     for line in plan_log_lines(plan, config):
         logger.info("%s", line)
     return plan
