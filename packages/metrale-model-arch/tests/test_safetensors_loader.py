@@ -270,3 +270,16 @@ def test_progress_draws_on_a_terminal_and_is_silent_elsewhere(
     ):
         advance(3)
     assert log_path.read_text() == ""
+
+
+def test_progress_observer_hears_every_advance(tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    with (
+        (tmp_path / "not-a-terminal").open("w") as stream,
+        load_progress(
+            3, "Loading tiny", stream=stream, on_progress=lambda *p: seen.append(p)
+        ) as advance,
+    ):
+        advance(1)
+        advance(2)
+    assert seen == [(0, 3), (1, 3), (3, 3)]

@@ -13,6 +13,7 @@ from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.chat_template import ChatTemplate
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
+from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
 from metrale_model_arch.tokenizer import Tokenizer
@@ -69,12 +70,14 @@ def load_model(
     max_seq_len: int | None = None,
     chat_template: ChatTemplate | None = None,
     allocator: TensorAllocator = plain_allocator,
+    on_progress: ProgressObserver | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
     ``max_seq_len`` caps the context (default: the model's ``max_position_embeddings``);
     ``chat_template`` replaces the model's own. Without either, ChatML is used. Weights and
-    tables are allocated through ``allocator`` (an allocation ledger, in the server).
+    tables are allocated through ``allocator`` (an allocation ledger, in the server);
+    ``on_progress(done, total)`` hears of every checkpoint tensor loaded.
     """
     source = resolve_model(name)
     device = torch.device(device)
@@ -82,7 +85,12 @@ def load_model(
         header = read_gguf_header(source.path)
         config = ModelConfig.from_gguf_header(header)
         model = load_gguf_model(
-            header, dtype=dtype, device=device, max_seq_len=max_seq_len, allocator=allocator
+            header,
+            dtype=dtype,
+            device=device,
+            max_seq_len=max_seq_len,
+            allocator=allocator,
+            on_progress=on_progress,
         )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
@@ -97,6 +105,7 @@ def load_model(
             device=device,
             max_seq_len=max_seq_len,
             allocator=allocator,
+            on_progress=on_progress,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(

@@ -1,8 +1,9 @@
 """``LoadingApp``: the ASGI app in front of the API while the model loads.
 
-Until ``serve(app)`` is called, ``/health`` answers 503 ``loading``, ``/health/live`` 200 and
-every other path a 503 in the OpenAI error shape; afterwards every request goes to the given
-app. It completes the ASGI lifespan itself (the API app must not need lifespan events).
+Until ``serve(app)`` is called, ``/health`` answers 503 ``loading`` (with the checkpoint tensors
+loaded so far, once the loader reports them), ``/health/live`` 200 and every other path a 503 in
+the OpenAI error shape; afterwards every request goes to the given app. It completes the ASGI
+lifespan itself (the API app must not need lifespan events).
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ class LoadingApp:
     def __init__(self, served_model_name: str) -> None:
         self.served_model_name = served_model_name
         self._app: ASGIApp | None = None
+        # (done, total) checkpoint tensors; replaced whole from the loading thread.
+        self._progress: tuple[int, int] | None = None
 
     @property
     def is_serving(self) -> bool:
         return self._app is not None
+
+    def set_progress(self, done: int, total: int) -> None:
+        """The loader's progress observer (called from the loading thread)."""
+        self._progress = (done, total)
 
     def serve(self, app: ASGIApp) -> None:
         """Hand every request from now on to ``app``."""
@@ -38,9 +45,11 @@ class LoadingApp:
         if path == "/health/live":
             return JSONResponse({"status": "ok"})
         if path == "/health":
-            return JSONResponse(
-                {"status": "loading", "model": self.served_model_name}, status_code=503
-            )
+            body: dict[str, object] = {"status": "loading", "model": self.served_model_name}
+            progress = self._progress
+            if progress is not None:
+                body["progress"] = {"done": progress[0], "total": progress[1]}
+            return JSONResponse(body, status_code=503)
         error = {
             "message": "the model is still loading; retry when /health answers 200",
             "type": "service_unavailable_error",

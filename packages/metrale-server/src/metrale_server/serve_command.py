@@ -27,6 +27,7 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 
 from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api import ServerState, create_app
 from metrale_server.async_engine import AsyncEngine
@@ -144,9 +145,12 @@ def preflight(args: ServeArgs) -> MemoryPlan:
     return plan
 
 
-def build_engine(args: ServeArgs, plan: MemoryPlan) -> Engine:
+def build_engine(
+    args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
+) -> Engine:
     """Load the model through the allocation ledger (with ``--chat-template`` in place of its
-    own) and build the engine the plan sized."""
+    own; ``on_progress(done, total)`` per checkpoint tensor) and build the engine the plan
+    sized."""
     engine_args = args.engine_args
     device = resolve_device(engine_args.device)
     ledger = MemoryLedger()
@@ -156,6 +160,7 @@ def build_engine(args: ServeArgs, plan: MemoryPlan) -> Engine:
         device=device,
         max_seq_len=plan.inputs.max_seq_len,
         allocator=ledger.allocate,
+        on_progress=on_progress,
     )
     if args.chat_template is not None:
         template = attrs.evolve(
@@ -219,7 +224,7 @@ async def _serve(args: ServeArgs, plan: MemoryPlan, config: Config, sockets: Soc
     async def load() -> AsyncEngine | None:
         nonlocal exit_code, state
         try:
-            engine = await asyncio.to_thread(build_engine, args, plan)
+            engine = await asyncio.to_thread(build_engine, args, plan, front.set_progress)
         except Exception as error:
             logger.error("cannot load the model: %s", error)
             exit_code = EXIT_LOAD_FAILED

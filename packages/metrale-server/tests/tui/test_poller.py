@@ -62,6 +62,16 @@ def test_loading_reads_only_health_and_version() -> None:
     assert snapshot.model == "m"
     assert snapshot.version == "9.9"
     assert snapshot.error is None
+    assert snapshot.loading_progress is None
+
+
+def test_loading_progress_comes_from_health() -> None:
+    routes = {"/health": (503, {"status": "loading", "progress": {"done": 12, "total": 30}})}
+    with serving(routes) as (url, _):
+        assert HttpPoller(url).poll().loading_progress == (12, 30)
+    malformed = {"/health": (503, {"status": "loading", "progress": {"done": "x", "total": 0}})}
+    with serving(malformed) as (url, _):
+        assert HttpPoller(url).poll().loading_progress is None
 
 
 def test_a_server_without_the_dashboard_routes_shows_n_a() -> None:

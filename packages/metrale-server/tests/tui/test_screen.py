@@ -118,6 +118,15 @@ def test_loading_shows_a_bar_and_the_log(make_view: ViewFactory, snapshot: Snaps
     assert "Throughput" not in text
 
 
+def test_loading_with_a_count_shows_the_tensors_loaded(
+    make_view: ViewFactory, snapshot: Snapshot
+) -> None:
+    loading = attrs.evolve(snapshot, status=Status.LOADING, loading_progress=(45, 272))
+    lines = draw(make_view(snapshot=loading, loading_s=3.0))
+    assert_fits(lines, 80, 24)
+    assert "45/272 tensors 3 s" in "\n".join(lines)
+
+
 def test_help_lists_the_keys(make_view: ViewFactory) -> None:
     text = "\n".join(draw(make_view(is_help_shown=True)))
     assert "q   quit" in text

@@ -21,7 +21,7 @@ from metrale_model_arch.loading.gguf_names import (
     hf_tensor_name,
     rotary_permuted_heads,
 )
-from metrale_model_arch.loading.progress import load_progress
+from metrale_model_arch.loading.progress import ProgressObserver, load_progress
 
 SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
@@ -72,13 +72,16 @@ def load_gguf_model(
     device: torch.device | str,
     max_seq_len: int | None = None,
     allocator: TensorAllocator = plain_allocator,
+    on_progress: ProgressObserver | None = None,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype``, with a progress bar on a terminal."""
     header = gguf_file if isinstance(gguf_file, GgufHeader) else read_gguf_header(gguf_file)
     config = ModelConfig.from_gguf_header(header)
     num_tensors = sum(tensor.name not in SKIPPED_GGUF_TENSORS for tensor in header.tensors)
-    with load_progress(num_tensors, f"Loading {Path(header.path).name}") as advance:
+    with load_progress(
+        num_tensors, f"Loading {Path(header.path).name}", on_progress=on_progress
+    ) as advance:
         return build_model(
             config,
             iter_gguf_weights(header, config, advance),

@@ -27,14 +27,31 @@ def is_progress_enabled(
     return stream.isatty()
 
 
+ProgressObserver = Callable[[int, int], None]
+
+
 @contextmanager
 def load_progress(
-    total: int, description: str, *, stream: TextIO | None = None
+    total: int,
+    description: str,
+    *,
+    stream: TextIO | None = None,
+    on_progress: ProgressObserver | None = None,
 ) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(n)``: a bar on ``stream`` (default stderr) when enabled, else a no-op."""
+    """Yield ``advance(n)``: a bar on ``stream`` (default stderr) when enabled, and a call of
+    ``on_progress(done, total)`` (from the loading thread) at the start and on every advance."""
     stream = sys.stderr if stream is None else stream
+    done = 0
+
+    def observe(n: int) -> None:
+        nonlocal done
+        done += n
+        if on_progress is not None:
+            on_progress(done, total)
+
+    observe(0)
     if not is_progress_enabled(stream):
-        yield lambda n: None
+        yield observe
         return
     progress = Progress(
         TextColumn("{task.description}"),
@@ -45,5 +62,10 @@ def load_progress(
         transient=True,
     )
     task = progress.add_task(description, total=total)
+
+    def advance(n: int) -> None:
+        progress.advance(task, n)
+        observe(n)
+
     with progress:
-        yield lambda n: progress.advance(task, n)
+        yield advance

@@ -16,7 +16,7 @@ from metrale_config import ModelConfig
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import CheckpointError, build_model
 from metrale_model_arch.families import CausalLM
-from metrale_model_arch.loading.progress import load_progress
+from metrale_model_arch.loading.progress import ProgressObserver, load_progress
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -72,6 +72,7 @@ def load_safetensors_model(
     device: torch.device | str,
     max_seq_len: int | None = None,
     allocator: TensorAllocator = plain_allocator,
+    on_progress: ProgressObserver | None = None,
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
     if config.quantization_method is not None:
@@ -80,7 +81,9 @@ def load_safetensors_model(
         )
     names = checkpoint_tensor_names(model_dir)
     total = sum(len(file_names) for file_names in names.values())
-    with load_progress(total, f"Loading {Path(model_dir).name}") as advance:
+    with load_progress(
+        total, f"Loading {Path(model_dir).name}", on_progress=on_progress
+    ) as advance:
         return build_model(
             config,
             iter_safetensors(names, advance),

@@ -203,12 +203,22 @@ def render_loading_panel(view: DashboardView) -> Panel:
     bar.add_column(no_wrap=True)
     bar.add_column(ratio=1)
     bar.add_column(no_wrap=True, justify="right")
-    # The loader reports no fraction done over HTTP: the bar pulses until /health says ready.
-    bar.add_row(
-        "weights",
-        ProgressBar(total=None, pulse=True, animation_time=elapsed),
-        f"{elapsed:.0f} s" if elapsed is not None else "",
-    )
+    progress = view.snapshot.loading_progress
+    seconds = f"{elapsed:.0f} s" if elapsed is not None else ""
+    if progress is None:
+        # No count from /health yet: the bar pulses until the loader reports.
+        bar.add_row(
+            "weights",
+            ProgressBar(total=None, pulse=True, animation_time=elapsed),
+            seconds,
+        )
+    else:
+        done, total = progress
+        bar.add_row(
+            "weights",
+            ProgressBar(total=total, completed=done),
+            f"{done}/{total} tensors {seconds}".rstrip(),
+        )
     note = Text(
         "/health answers 503 until the model is loaded",
         style="dim",

@@ -19,7 +19,13 @@ from typing import Any
 from metrale_bench.benchmarks.default_tier_boot import MemoryReport, MemoryReportError
 from metrale_server.api.recent_requests import FinishedRequest
 from metrale_server.tui.metrics_reading import MetricsReading
-from metrale_server.tui.snapshot import ServerInfo, Snapshot, Status, finished_request_from_json
+from metrale_server.tui.snapshot import (
+    ServerInfo,
+    Snapshot,
+    Status,
+    finished_request_from_json,
+    loading_progress_from_health,
+)
 
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_MEMORY_INTERVAL_S = 5.0
@@ -86,6 +92,9 @@ class HttpPoller:
             recent_requests=recent,
             version=self._version,
             error="; ".join(errors) or None,
+            loading_progress=(
+                loading_progress_from_health(health) if status is Status.LOADING else None
+            ),
         )
 
     def _is_memory_due(self, now: float) -> bool:

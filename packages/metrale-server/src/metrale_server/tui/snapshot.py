@@ -71,6 +71,17 @@ class ServerInfo:
             raise ValueError(f"/v1/server: {error!r}") from error
 
 
+def loading_progress_from_health(body: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``/health``'s ``progress`` while loading, ``(done, total)``; ``None`` if absent or bad."""
+    progress = body.get("progress")
+    if not isinstance(progress, Mapping):
+        return None
+    done, total = progress.get("done"), progress.get("total")
+    if not isinstance(done, int) or not isinstance(total, int) or total <= 0:
+        return None
+    return (min(max(done, 0), total), total)
+
+
 def finished_request_from_json(data: Mapping[str, Any]) -> FinishedRequest:
     """One entry of ``GET /v1/requests/recent``; raises ``ValueError`` on a bad shape."""
     try:
@@ -101,3 +112,5 @@ class Snapshot:
     recent_requests: tuple[FinishedRequest, ...] = ()
     version: str | None = None
     error: str | None = None
+    # While loading: checkpoint tensors (done, total) from /health, when the server says.
+    loading_progress: tuple[int, int] | None = None
