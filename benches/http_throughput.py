@@ -23,7 +23,7 @@ import time
 import openai
 
 from metrale_server import LLM, SamplingParams
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
 
 Workload = list[tuple[list[int], int]]
 

@@ -34,7 +34,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).parent))
 from http_throughput import make_workload, run_http
 
-from metrale_server.serve_process import ServerProcess, free_port
+from metrale_server.cli.server_process import ServerProcess, free_port
 
 TERMINAL_ROWS, TERMINAL_COLUMNS = 24, 80
 

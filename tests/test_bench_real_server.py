@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from metrale_bench.cli import bench
 from metrale_bench.records import BenchRecord, read_record
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
 
 SERVED_NAME = "tiny-llama"
 MAX_SEQ_LEN = 512

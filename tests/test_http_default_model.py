@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from metrale_model_arch import Tokenizer
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
 
 SERVED_NAME = "tiny-llama"
 MAX_SEQ_LEN = 512

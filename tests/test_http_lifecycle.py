@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
 
 SERVED_NAME = "tiny"
 MAX_SEQ_LEN = 4096

@@ -72,7 +72,7 @@ def test_sibling_imports_are_declared_dependencies(package: str) -> None:
 
 
 def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
-    (tmp_path / "bad.py").write_text("import torch\nfrom metrale_server.cli import main\n")
+    (tmp_path / "bad.py").write_text("import torch\nfrom metrale_server.cli.main import main\n")
     imports = imported_top_levels(tmp_path, root=tmp_path)
     assert imports["torch"] == {"bad.py"}
     assert imports["metrale_server"] == {"bad.py"}

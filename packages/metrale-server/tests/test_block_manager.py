@@ -19,10 +19,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from metrale_server.block_hash import BlockHash
-from metrale_server.block_manager import BlockManager, OutOfBlocksError, PrefixCacheStats
-from metrale_server.sampling_params import SamplingParams
-from metrale_server.sequence import Sequence
+from metrale_server.engine.block_hash import BlockHash
+from metrale_server.engine.block_manager import BlockManager, OutOfBlocksError, PrefixCacheStats
+from metrale_server.engine.sequence import Sequence
+from metrale_server.sampling.params import SamplingParams
 
 
 def make_seq(seq_id: int, token_ids: Iterable[int]) -> Sequence:

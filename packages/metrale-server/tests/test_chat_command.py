@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from metrale_server import Engine, EngineArgs
-from metrale_server.chat_command import ASSISTANT_PREFIX, run_chat
+from metrale_server.cli.chat import ASSISTANT_PREFIX, run_chat
 from metrale_server.tui.chat_backends import ChatError, EngineChatBackend, HttpChatBackend
 
 

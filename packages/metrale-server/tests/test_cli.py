@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from metrale_server.cli import main
+from metrale_server.cli.main import main
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 
 from metrale_config import read_gguf_header
 from metrale_model_arch import Tokenizer, resolve_model
-from metrale_server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from metrale_server.output.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! The capital of France is Paris.",

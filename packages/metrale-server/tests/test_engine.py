@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from metrale_server import LLM, SamplingParams
-from metrale_server.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput
 
 NUM_PROMPTS = 24
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_server import host_memory
-from metrale_server.host_memory import (
+from metrale_server.memory import host_memory
+from metrale_server.memory.host_memory import (
     cgroup_limit,
     cgroup_limit_bytes,
     host_total_memory_bytes,
@@ -175,7 +175,7 @@ def test_mem_available_at_start_is_sampled_once() -> None:
 
 def test_a_process_that_never_sampled_reports_no_start_reading() -> None:
     script = (
-        "from metrale_server.host_memory import *\n"
+        "from metrale_server.memory.host_memory import *\n"
         "print(mem_available_at_start_bytes())\n"
         "record_mem_available_at_start()\n"
         "print(mem_available_at_start_bytes())\n"

@@ -8,7 +8,7 @@ import httpx
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from metrale_server.loading_app import LOADING_CODE, LoadingApp
+from metrale_server.api.loading_app import LOADING_CODE, LoadingApp
 
 
 def get(app: LoadingApp, path: str) -> httpx.Response:

@@ -15,8 +15,8 @@ from metrale_config import ModelConfig
 from metrale_model_arch import read_model_config, resolve_model
 from metrale_model_arch.memory import KV_POOL, PER_SEQUENCE_STATE, MemoryPlanError
 from metrale_server import EngineArgs
-from metrale_server.cli import main
-from metrale_server.preflight import plan_engine_memory
+from metrale_server.cli.main import main
+from metrale_server.memory.preflight import plan_engine_memory
 
 GIB = 2**30
 CPU = torch.device("cpu")

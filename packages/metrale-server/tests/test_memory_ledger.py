@@ -19,7 +19,7 @@ from metrale_config import ModelConfig
 from metrale_model_arch import Tokenizer, load_model
 from metrale_model_arch.memory import BUFFER_ARENA, KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
 from metrale_server import Engine, EngineArgs
-from metrale_server.memory_ledger import MemoryLedger
+from metrale_server.memory.ledger import MemoryLedger
 
 CPU = torch.device("cpu")
 EMBEDDINGS = "weights.embeddings"

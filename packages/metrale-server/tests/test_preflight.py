@@ -18,15 +18,15 @@ from metrale_config import ModelConfig
 from metrale_model_arch import load_model
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server import EngineArgs
-from metrale_server.host_memory import host_total_memory_bytes, mem_available_at_start_bytes
-from metrale_server.preflight import (
+from metrale_server.cli.serve import ServeError, preflight
+from metrale_server.cli.serve_args import ServeArgs
+from metrale_server.memory.host_memory import host_total_memory_bytes, mem_available_at_start_bytes
+from metrale_server.memory.preflight import (
     device_total_bytes,
     plan_engine_memory,
     plan_inputs,
     plan_log_lines,
 )
-from metrale_server.serve_args import ServeArgs
-from metrale_server.serve_command import ServeError, preflight
 
 CPU = torch.device("cpu")
 GIB = 2**30
@@ -208,7 +208,7 @@ def test_serve_preflight_samples_mem_available_and_refuses_as_serve_error(
 def serve_options() -> set[str]:
     from click.testing import CliRunner
 
-    from metrale_server.cli import main
+    from metrale_server.cli.main import main
 
     help_text = CliRunner().invoke(main, ["serve", "--help"]).output
     return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text))

@@ -10,9 +10,9 @@ import attrs
 import pytest
 import torch
 
-from metrale_server.sampler import SamplerOutput, sample
-from metrale_server.sampling_params import SamplingParams
-from metrale_server.sampling_tensors import (
+from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.sampler import SamplerOutput, sample
+from metrale_server.sampling.tensors import (
     SamplingRow,
     make_seeded_generator,
     prepare_sampling_batch,

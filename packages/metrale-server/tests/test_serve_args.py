@@ -9,7 +9,7 @@ import pytest
 
 from metrale_model_arch import ModelSource, resolve_model
 from metrale_server import EngineArgs
-from metrale_server.serve_args import (
+from metrale_server.cli.serve_args import (
     ServeArgs,
     default_served_model_name,
     read_api_key_file,
@@ -99,7 +99,7 @@ def test_served_name_of_a_directory_is_the_name_asked_for(tmp_path: Path) -> Non
 def test_all_interfaces_are_warned_about(
     host: str, is_warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from metrale_server.serve_command import warn_if_exposed
+    from metrale_server.cli.serve import warn_if_exposed
 
     with caplog.at_level(logging.WARNING):
         warn_if_exposed(_args(host))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from metrale_server.cli import main
+from metrale_server.cli.main import main
 
 SERVE_FLAGS = (
     "--host",
@@ -61,7 +61,12 @@ def test_help_documents_every_flag(runner: CliRunner) -> None:
 def test_metrale_serve_is_the_same_command(runner: CliRunner) -> None:
     met = runner.invoke(main, ["serve", "--help"])
     standalone = subprocess.run(
-        [sys.executable, "-c", "from metrale_server.cli import serve_main; serve_main()", "-h"],
+        [
+            sys.executable,
+            "-c",
+            "from metrale_server.cli.main import serve_main; serve_main()",
+            "-h",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -74,7 +79,7 @@ def test_metrale_serve_is_the_same_command(runner: CliRunner) -> None:
 
 def test_metrale_serve_script_is_declared() -> None:
     (script,) = entry_points(group="console_scripts", name="metrale-serve")
-    assert script.value == "metrale_server.cli:serve_main"
+    assert script.value == "metrale_server.cli.main:serve_main"
 
 
 @pytest.mark.parametrize(

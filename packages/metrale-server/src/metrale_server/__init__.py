@@ -1,12 +1,12 @@
 """Metrale inference server: the engine (``LLM``, ``AsyncEngine``), HTTP API and CLI."""
 
-from metrale_server.async_engine import AsyncEngine, EngineDeadError
-from metrale_server.engine import Engine, RequestError
-from metrale_server.engine_args import EngineArgs
-from metrale_server.engine_stats import EngineStats
-from metrale_server.llm import LLM
-from metrale_server.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.async_engine import AsyncEngine, EngineDeadError
+from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.llm import LLM
+from metrale_server.engine.stats import EngineStats
+from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from metrale_server.sampling.params import SamplingParams
 
 __all__ = [
     "LLM",

@@ -1,3 +1,3 @@
-from metrale_server.cli import main
+from metrale_server.cli.main import main
 
 main()

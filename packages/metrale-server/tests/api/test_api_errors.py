@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from metrale_server import Engine
-from metrale_server.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput
 
 USER = [{"role": "user", "content": "Hi"}]
 COMPLETIONS = "/v1/completions"

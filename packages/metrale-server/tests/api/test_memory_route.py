@@ -16,8 +16,8 @@ import pytest
 from metrale_bench.benchmarks.default_tier_boot import MemoryReport
 from metrale_model_arch.memory import RUNTIME_HEADROOM
 from metrale_server import Engine, EngineArgs
-from metrale_server.host_memory import physical_memory_bytes, record_mem_available_at_start
-from metrale_server.serve_process import ServerProcess
+from metrale_server.cli.server_process import ServerProcess
+from metrale_server.memory.host_memory import physical_memory_bytes, record_mem_available_at_start
 
 INT_FIELDS = (
     "kv_blocks",

@@ -27,7 +27,7 @@ from metrale_server.api.responses import (
 )
 from metrale_server.api.state import ServerState
 from metrale_server.api.streaming import EventStreamResponse, sse_event
-from metrale_server.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput
 
 
 async def create_completion(request: Request, *, state: ServerState) -> Response:

@@ -11,9 +11,9 @@ from starlette.types import Receive
 from metrale_server.api.errors import ApiError
 from metrale_server.api.protocol import Prompt
 from metrale_server.api.state import ServerState
-from metrale_server.async_engine import EngineDeadError
-from metrale_server.engine import RequestError
-from metrale_server.outputs import RequestOutput
+from metrale_server.engine.async_engine import EngineDeadError
+from metrale_server.engine.core import RequestError
+from metrale_server.output.outputs import RequestOutput
 
 TIMEOUT_FINISH_REASON = "timeout"
 

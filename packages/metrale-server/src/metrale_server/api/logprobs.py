@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from metrale_model_arch import Tokenizer
-from metrale_server.outputs import TokenLogprob
+from metrale_server.output.outputs import TokenLogprob
 
 # JSON has no -inf; OpenAI reports impossible tokens as -9999.0.
 MIN_LOGPROB = -9999.0

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.state import ServerState
-from metrale_server.memory_report import memory_report
+from metrale_server.memory.report import memory_report
 
 
 async def get_memory(request: Request, *, state: ServerState) -> Response:

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
-from metrale_server.engine import Engine
-from metrale_server.outputs import RequestOutput
+from metrale_server.engine.core import Engine
+from metrale_server.output.outputs import RequestOutput
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0)  # fmt: skip

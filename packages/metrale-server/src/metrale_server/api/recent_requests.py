@@ -14,7 +14,7 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from metrale_server.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput
 
 DEFAULT_NUM_KEPT = 64
 ERROR_FINISH_REASON = "error"

@@ -11,7 +11,7 @@ import attrs
 
 from metrale_server.api.errors import ApiError
 from metrale_server.api.protocol import Prompt
-from metrale_server.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
 
 
 @attrs.frozen(kw_only=True)

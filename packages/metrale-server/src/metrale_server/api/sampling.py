@@ -6,8 +6,8 @@ import attrs
 
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe, is_int
-from metrale_server.engine import Engine
-from metrale_server.sampling_params import MAX_LOGPROBS, SamplingParams
+from metrale_server.engine.core import Engine
+from metrale_server.sampling.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 128
 MAX_STOP_STRINGS = 16

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import attrs
 
-from metrale_server.engine import Engine, RequestError
-from metrale_server.outputs import RequestOutput
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.engine.core import Engine, RequestError
+from metrale_server.output.outputs import RequestOutput
+from metrale_server.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

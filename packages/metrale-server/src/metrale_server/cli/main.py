@@ -12,10 +12,10 @@ import click
 
 from metrale_bench.cli import bench
 from metrale_config import ConfigError, check_environment, read_int_lever
-from metrale_server.devices import DTYPES, resolve_device
-from metrale_server.engine_args import EngineArgs
-from metrale_server.plan_options import plan_options
-from metrale_server.serve_args import LOG_LEVELS
+from metrale_server.cli.plan_options import plan_options
+from metrale_server.cli.serve_args import LOG_LEVELS
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.devices import DTYPES, resolve_device
 
 MODEL_HELP = (
     "A local model directory (config.json + safetensors), a .gguf file, or a name found in the "
@@ -77,7 +77,7 @@ def generate(
     device: str,
 ) -> None:
     """Print the model's continuation of PROMPT."""
-    from metrale_server.generate_command import run_generate
+    from metrale_server.cli.generate import run_generate
 
     try:
         run_generate(
@@ -216,7 +216,7 @@ def serve(
     (see --drain-timeout) and exits 0.
     """
     from metrale_model_arch import resolve_model
-    from metrale_server.serve_args import (
+    from metrale_server.cli.serve_args import (
         ServeArgs,
         default_served_model_name,
         read_api_key_file,
@@ -272,7 +272,7 @@ def serve(
         max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
         log_level=log_level.lower(),
     )
-    from metrale_server.serve_command import ServeError, run_serve  # Hypercorn, Starlette
+    from metrale_server.cli.serve import ServeError, run_serve  # Hypercorn, Starlette
     from metrale_server.tui.serve_dashboard import is_dashboard_wanted
 
     try:
@@ -299,7 +299,7 @@ def serve(
 )
 def top(url: str, api_key: str | None, interval: float) -> None:
     """Watch a running server in a live dashboard (q quits, tab switches panels, ? help)."""
-    from metrale_server.top_command import run_top
+    from metrale_server.cli.top import run_top
 
     click.get_current_context().exit(run_top(url, api_key=api_key, poll_interval_s=interval))
 
@@ -344,12 +344,12 @@ def chat(
     """Chat in the terminal; replies stream. /reset forgets the conversation, /exit quits."""
     if url is not None and model is not None:
         raise click.UsageError("give --url or --model, not both")
-    from metrale_server.chat_command import run_chat
+    from metrale_server.cli.chat import run_chat
     from metrale_server.tui.chat_backends import ChatBackend, EngineChatBackend, HttpChatBackend
 
     backend: ChatBackend
     if model is not None:
-        from metrale_server.engine import Engine
+        from metrale_server.engine.core import Engine
 
         try:
             engine = Engine(EngineArgs(model=model))
@@ -397,7 +397,7 @@ def memory(
     MODEL is what `met serve` takes, or a config.json file; no weight is read. Exits 1 when
     the serve would not fit, naming the term and the flags to change.
     """
-    from metrale_server.memory_command import run_memory
+    from metrale_server.cli.memory import run_memory
 
     _check_environment()
     try:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from metrale_server.engine import Engine, RequestError
-from metrale_server.engine_args import EngineArgs
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.core import Engine, RequestError
+from metrale_server.sampling.params import SamplingParams
 
 
 def run_generate(

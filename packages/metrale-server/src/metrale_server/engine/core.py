@@ -11,26 +11,26 @@ import torch
 
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
-from metrale_server.block_manager import BlockManager
-from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.engine_args import EngineArgs
-from metrale_server.engine_stats import EngineStats
-from metrale_server.memory_ledger import MemoryLedger
-from metrale_server.model_runner import ModelRunner
-from metrale_server.outputs import RequestOutput, TokenLogprob
-from metrale_server.preflight import plan_engine_memory
-from metrale_server.sampler import sample
-from metrale_server.sampling_params import SamplingParams
-from metrale_server.sampling_tensors import (
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.devices import resolve_device, resolve_dtype
+from metrale_server.engine.model_runner import ModelRunner
+from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
+from metrale_server.engine.scheduler_step import SchedulerStep
+from metrale_server.engine.sequence import Sequence, SequenceStatus
+from metrale_server.engine.sequence_group import SequenceGroup
+from metrale_server.engine.stats import EngineStats
+from metrale_server.memory.ledger import MemoryLedger
+from metrale_server.memory.preflight import plan_engine_memory
+from metrale_server.output.outputs import RequestOutput, TokenLogprob
+from metrale_server.output.text_state import TextState
+from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.sampler import sample
+from metrale_server.sampling.tensors import (
     SamplingRow,
     make_seeded_generator,
     prepare_sampling_batch,
 )
-from metrale_server.scheduler import Scheduler, SchedulerConfig
-from metrale_server.scheduler_step import SchedulerStep
-from metrale_server.sequence import Sequence, SequenceStatus
-from metrale_server.sequence_group import SequenceGroup
-from metrale_server.text_state import TextState
 
 
 class RequestError(ValueError):

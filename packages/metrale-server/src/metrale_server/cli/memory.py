@@ -23,9 +23,9 @@ from metrale_model_arch.memory import (
     kv_bytes_per_token,
     weight_bytes,
 )
-from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.engine_args import EngineArgs
-from metrale_server.preflight import (
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.devices import resolve_device, resolve_dtype
+from metrale_server.memory.preflight import (
     PreflightError,
     indexer_paged,
     plan_engine_memory,

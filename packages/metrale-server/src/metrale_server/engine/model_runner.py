@@ -7,7 +7,7 @@ import torch
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
-from metrale_server.scheduler_step import SchedulerStep
+from metrale_server.engine.scheduler_step import SchedulerStep
 
 
 class ModelRunner:

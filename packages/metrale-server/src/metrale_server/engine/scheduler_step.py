@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from metrale_server.sequence import Sequence
+from metrale_server.engine.sequence import Sequence
 
 
 @attrs.frozen(kw_only=True)

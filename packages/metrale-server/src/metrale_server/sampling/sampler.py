@@ -25,13 +25,13 @@ from __future__ import annotations
 import attrs
 import torch
 
-from metrale_server.logprobs import (
+from metrale_server.sampling.logprobs import (
     LogprobTensors,
     TokenLogprobs,
     compute_logprob_tensors,
     unpack_logprobs,
 )
-from metrale_server.sampling_tensors import (
+from metrale_server.sampling.tensors import (
     PenaltyTensors,
     RandomSamplingTensors,
     SamplingBatch,

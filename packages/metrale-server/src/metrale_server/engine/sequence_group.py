@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from metrale_server.sampling_params import SamplingParams
-from metrale_server.sequence import Sequence, SequenceStatus
+from metrale_server.engine.sequence import Sequence, SequenceStatus
+from metrale_server.sampling.params import SamplingParams
 
 
 @attrs.define(eq=False, repr=False)

@@ -6,7 +6,7 @@ import logging
 import time
 
 from metrale_server.api.metrics import RequestTracker, ServerMetrics
-from metrale_server.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput
 
 logger = logging.getLogger("metrale.requests")
 

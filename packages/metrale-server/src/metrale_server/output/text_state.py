@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from metrale_server.detokenizer import Decoder, IncrementalDetokenizer
-from metrale_server.outputs import CompletionOutput, TokenLogprob
-from metrale_server.sampling_params import SamplingParams
-from metrale_server.stop_strings import StopStringMatcher
+from metrale_server.output.detokenizer import Decoder, IncrementalDetokenizer
+from metrale_server.output.outputs import CompletionOutput, TokenLogprob
+from metrale_server.output.stop_strings import StopStringMatcher
+from metrale_server.sampling.params import SamplingParams
 
 
 class TextState:

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import click
 
-from metrale_server.devices import DTYPES
-from metrale_server.engine_args import EngineArgs
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.devices import DTYPES
 
 _DEFAULTS = EngineArgs()
 F = TypeVar("F", bound=Callable[..., Any])

@@ -19,8 +19,8 @@ from metrale_model_arch.memory import (
     paged_indexer_bytes_per_token,
     plan_memory,
 )
-from metrale_server.engine_args import EngineArgs
-from metrale_server.host_memory import host_total_memory_bytes
+from metrale_server.engine.args import EngineArgs
+from metrale_server.memory.host_memory import host_total_memory_bytes
 
 MIB = 2**20
 GIB = 2**30

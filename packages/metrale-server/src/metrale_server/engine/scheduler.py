@@ -6,10 +6,10 @@ from collections import deque
 
 import attrs
 
-from metrale_server.block_manager import BlockManager
-from metrale_server.scheduler_step import ScheduledChunk, SchedulerStep
-from metrale_server.sequence import Sequence, SequenceStatus
-from metrale_server.sequence_group import SequenceGroup
+from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.scheduler_step import ScheduledChunk, SchedulerStep
+from metrale_server.engine.sequence import Sequence, SequenceStatus
+from metrale_server.engine.sequence_group import SequenceGroup
 
 
 @attrs.frozen(kw_only=True)

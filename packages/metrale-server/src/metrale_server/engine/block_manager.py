@@ -8,8 +8,8 @@ from typing import Final
 
 import attrs
 
-from metrale_server.block_hash import BlockHash
-from metrale_server.sequence import Sequence
+from metrale_server.engine.block_hash import BlockHash
+from metrale_server.engine.sequence import Sequence
 
 
 class OutOfBlocksError(RuntimeError):

@@ -30,15 +30,15 @@ from metrale_model_arch import load_model, read_model_config, resolve_model
 from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api import ServerState, create_app
-from metrale_server.async_engine import AsyncEngine
-from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.engine import Engine
-from metrale_server.host_memory import record_mem_available_at_start
-from metrale_server.loading_app import LoadingApp
-from metrale_server.memory_ledger import MemoryLedger
-from metrale_server.preflight import PreflightError, plan_engine_memory, plan_log_lines
-from metrale_server.request_log import LoggingServerMetrics
-from metrale_server.serve_args import ServeArgs
+from metrale_server.api.loading_app import LoadingApp
+from metrale_server.api.request_log import LoggingServerMetrics
+from metrale_server.cli.serve_args import ServeArgs
+from metrale_server.engine.async_engine import AsyncEngine
+from metrale_server.engine.core import Engine
+from metrale_server.engine.devices import resolve_device, resolve_dtype
+from metrale_server.memory.host_memory import record_mem_available_at_start
+from metrale_server.memory.ledger import MemoryLedger
+from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
 from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
 logger = logging.getLogger("metrale.serve")

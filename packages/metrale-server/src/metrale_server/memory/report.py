@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from metrale_bench.benchmarks.default_tier_boot import MemoryReport
-from metrale_server.engine import Engine
-from metrale_server.host_memory import (
+from metrale_server.engine.core import Engine
+from metrale_server.memory.host_memory import (
     mem_available_at_start_bytes,
     mem_available_bytes,
     rss_anon_bytes,

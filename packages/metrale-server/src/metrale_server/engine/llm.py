@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from metrale_server.engine import Engine, RequestError
-from metrale_server.engine_args import EngineArgs
-from metrale_server.outputs import RequestOutput
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.core import Engine, RequestError
+from metrale_server.output.outputs import RequestOutput
+from metrale_server.sampling.params import SamplingParams
 
 PromptInput = str | Mapping[str, Any]
 

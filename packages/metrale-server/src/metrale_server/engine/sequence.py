@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.sampling.params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

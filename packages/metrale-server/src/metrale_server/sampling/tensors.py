@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from metrale_server.sampling_params import SamplingParams
+from metrale_server.sampling.params import SamplingParams
 
 
 def make_seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:

@@ -1,0 +1,1 @@
+"""The ``met`` command line: one module per command."""

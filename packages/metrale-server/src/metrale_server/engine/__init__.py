@@ -1,0 +1,2 @@
+"""The engine: sequences, block manager, scheduler, model runner, engine core, ``AsyncEngine``,
+``LLM``."""

@@ -1,0 +1,1 @@
+"""Memory: the preflight plan, the allocation ledger, host readings, the ``/memory`` report."""

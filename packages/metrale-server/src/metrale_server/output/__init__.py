@@ -1,0 +1,1 @@
+"""Output processing: incremental detokenization, stop strings, request outputs."""

@@ -1,0 +1,1 @@
+"""Sampling: ``SamplingParams``, the batched sampler and its per-row tensors, logprobs."""
