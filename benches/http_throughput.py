@@ -22,8 +22,8 @@ import time
 
 import openai
 
+from metrale_bench.server_process import ServerProcess
 from metrale_server import LLM, SamplingParams
-from metrale_server.cli.server_process import ServerProcess
 
 Workload = list[tuple[list[int], int]]
 

@@ -22,9 +22,7 @@ import os
 import pty
 import statistics
 import struct
-import subprocess
 import sys
-import tempfile
 import termios
 import threading
 from pathlib import Path
@@ -34,29 +32,22 @@ import openai
 sys.path.insert(0, str(Path(__file__).parent))
 from http_throughput import make_workload, run_http
 
-from metrale_server.cli.server_process import ServerProcess, free_port
+from metrale_bench.server_process import ServerProcess
 
 TERMINAL_ROWS, TERMINAL_COLUMNS = 24, 80
 
 
 def start_on_terminal(serve_args: list[str]) -> ServerProcess:
     """``met serve`` with stdin and stdout on a new pseudo-terminal (the dashboard shows)."""
-    port = free_port()
     controller, terminal = pty.openpty()
     size = struct.pack("HHHH", TERMINAL_ROWS, TERMINAL_COLUMNS, 0, 0)
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, size)
-    handle, name = tempfile.mkstemp(prefix="metrale-tui-serve-", suffix=".log")
     env = {k: v for k, v in os.environ.items() if k != "METRALE_NO_TUI"}
     env.update(TERM="xterm-256color", COLUMNS=str(TERMINAL_COLUMNS), LINES=str(TERMINAL_ROWS))
-    command = [sys.executable, "-m", "metrale_server", "serve", *serve_args]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
-    process = subprocess.Popen(
-        command, stdin=terminal, stdout=terminal, stderr=handle, env=env, start_new_session=True
-    )
+    server = ServerProcess.start(serve_args, env=env, terminal_fd=terminal)
     os.close(terminal)
-    os.close(handle)
     threading.Thread(target=_discard, args=(controller,), daemon=True).start()
-    return ServerProcess(process=process, host="127.0.0.1", port=port, log_path=Path(name))
+    return server
 
 
 def _discard(fd: int) -> None:
@@ -81,9 +72,9 @@ def measure(server: ServerProcess, workload: list[tuple[list[int], int]]) -> tup
     try:
         server.wait_ready(timeout_s=300)
         models = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused").models.list()
-        cpu_before = process_cpu_s(server.process.pid)
+        cpu_before = process_cpu_s(server.pid)
         elapsed = asyncio.run(run_http(server.base_url, models.data[0].id, workload))
-        return elapsed, process_cpu_s(server.process.pid) - cpu_before
+        return elapsed, process_cpu_s(server.pid) - cpu_before
     finally:
         exit_code = server.stop(timeout_s=60)
         assert exit_code == 0, server.log_text()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
 from metrale_config import read_gguf_header
 from metrale_model_arch import Tokenizer, resolve_model
@@ -25,30 +28,57 @@ def tiny_model_factory(
     saved: dict[int, Path] = {}
 
     def tiny_model_dir(max_positions: int) -> Path:
-        if max_positions in saved:
-            return saved[max_positions]
-        import torch
-        import transformers
-
-        path = tmp_path_factory.mktemp(f"tiny-llama-{max_positions}")
-        config = transformers.LlamaConfig(
-            vocab_size=default_tokenizer.vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=max_positions,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-            initializer_range=0.2,
-            bos_token_id=default_tokenizer.bos_token_id,
-            eos_token_id=default_tokenizer.eos_token_id,
-        )
-        torch.manual_seed(0)
-        transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-        default_tokenizer.save(path)
-        saved[max_positions] = path
-        return path
+        if max_positions not in saved:
+            path = tmp_path_factory.mktemp(f"tiny-llama-{max_positions}")
+            save_tiny_llama(path, default_tokenizer, max_positions)
+            default_tokenizer.save(path)
+            saved[max_positions] = path
+        return saved[max_positions]
 
     return tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama over a 258-token vocabulary: ``<s>``, ``</s>`` and the 256
+    byte-level BPE bytes, no merges (so every character is a token); 1024 positions."""
+    path = tmp_path_factory.mktemp("tiny-byte-llama")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<s>": 0, "</s>": 1, **{byte: 2 + i for i, byte in enumerate(alphabet)}}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True) for t in ("<s>", "</s>")])
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", 0)]
+    )
+    backend.save(str(path / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = Tokenizer.from_dir(path)
+    assert tokenizer.vocab_size == 258
+    save_tiny_llama(path, tokenizer, 1024)
+    return path
+
+
+def save_tiny_llama(path: Path, tokenizer: Tokenizer, max_positions: int) -> None:
+    """A 2-layer random Llama over ``tokenizer``'s vocabulary, saved as safetensors."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from metrale_bench.cli import bench
 from metrale_bench.records import BenchRecord, read_record
-from metrale_server.cli.server_process import ServerProcess
+from metrale_bench.server_process import ServerProcess, running_server
 
 SERVED_NAME = "tiny-llama"
 MAX_SEQ_LEN = 512
@@ -82,9 +82,11 @@ def test_serve(server: ServerProcess, tmp_path: Path, api: str) -> None:
     assert record.metrics["num_completed"] == 6
     # ignore_eos: every request makes exactly its 8 tokens, as the server's usage reports.
     assert record.metrics["total_output_tokens"] == 6 * 8
+    # Text prompts sized through the server's /tokenize: SmolLM2 spells each word as one token.
+    assert record.params["prompts"]["sized_by"] == "/tokenize"
+    assert record.params["prompts"]["tokens_per_word"] == pytest.approx(1.0, abs=0.05)
     if api == "completions":
-        # Token-id prompts: the server counts exactly the ids sent.
-        assert record.metrics["total_input_tokens"] == 6 * 24
+        assert record.metrics["mean_input_tokens"] == pytest.approx(24, abs=2)
     for name in ("ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "e2e_p99_ms", "output_tok_s"):
         value = record.metrics[name]
         assert value is not None
@@ -160,3 +162,54 @@ def test_default_tier_boot_boots_met_serve(tiny_model_dir: Path, tmp_path: Path)
     boot = record.details["boot"]
     assert str(tiny_model_dir) in boot["command"]
     assert boot["boot_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def byte_server(
+    tiny_byte_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The tiny Llama over a 258-token byte vocabulary: token ids past 257 are refused."""
+    logs = tmp_path_factory.mktemp("bench-byte-serve")
+    with running_server(
+        [str(tiny_byte_model_dir), "--served-model-name", "bytes", *SERVE_ARGS],
+        ready_timeout_s=120,
+        log_path=logs / "server.log",
+    ) as server:
+        yield server
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_serve_on_a_small_vocabulary(byte_server: ServerProcess, tmp_path: Path, api: str) -> None:
+    record = _bench(
+        ["serve", "--base-url", byte_server.base_url, "--api", api, "--num-prompts", "4",
+         "--random-input-len", "96", "--random-output-len", "4", "--ignore-eos"],
+        tmp_path,
+    )  # fmt: skip
+    assert record.num_failed == 0, record.errors
+    assert record.metrics["num_completed"] == 4
+    prompts = record.params["prompts"]
+    assert prompts["sized_by"] == "/tokenize"
+    assert 4 < prompts["tokens_per_word"] < 8  # one token a byte: a word and its space
+    mean_input = record.metrics["mean_input_tokens"]
+    assert isinstance(mean_input, float)
+    if api == "completions":  # the prompt and <s>; chat adds its template's tokens
+        assert mean_input == pytest.approx(96, rel=0.15)
+    else:
+        assert mean_input > 96
+
+
+def test_decode_floor_and_ttft_on_a_small_vocabulary(
+    byte_server: ServerProcess, tmp_path: Path
+) -> None:
+    floor = _bench(
+        ["decode-floor", "--base-url", byte_server.base_url, "--input-len", "32",
+         "--output-len", "8", "--runs", "1", "--num-warmups", "0"],
+        tmp_path / "floor",
+    )  # fmt: skip
+    assert floor.num_failed == 0, floor.errors
+    ttft = _bench(
+        ["ttft", "--base-url", byte_server.base_url, "--prefix-len", "64", "--suffix-len", "8",
+         "--runs", "1"],
+        tmp_path / "ttft",
+    )  # fmt: skip
+    assert ttft.num_failed == 0, ttft.errors

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from metrale_server.cli.server_process import ServerProcess
+from metrale_bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_boot_log_lines(server: ServerProcess) -> None:
         "KV pool: 256 blocks x 16 tokens",
         "Weights: 0.50 GiB = embeddings 108.0 MiB + layers 405.1 MiB",
         "-> 256 blocks x 16 tok/block = 4096 max KV tokens (46080 B/token)",
-        "max batch: 8 sequences",
+        "max batch: 256 sequences",
         "max seq len: 2048",
         f"address: http://127.0.0.1:{server.port}/",
     ):

@@ -13,8 +13,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from metrale_bench.server_process import ServerProcess
 from metrale_model_arch import Tokenizer
-from metrale_server.cli.server_process import ServerProcess
 
 SERVED_NAME = "tiny-llama"
 MAX_SEQ_LEN = 512

@@ -1,17 +1,17 @@
 """A second, independent OpenAI-compatible server: a small Starlette app streaming fake tokens.
 
 It shows the harness is not tied to metrale. It answers ``/v1/models``, ``/version``,
-``/health``, ``/memory`` and both streaming endpoints; every output token is one SSE chunk
-``"tok "`` sent ``TOKEN_DELAY_S`` apart. The model name picks a misbehaviour: ``broken``
-answers 500, ``no-usage`` omits usage, ``no-finish`` never gives a finish reason, ``silent``
-streams no text.
+``/health``, ``/memory``, ``/tokenize`` and both streaming endpoints. Its tokenizer makes
+``FAKE_TOKENS_PER_WORD`` tokens of a word (one of a token id); every output token is one SSE
+chunk ``"tok "`` sent ``TOKEN_DELAY_S`` apart. The model name picks a misbehaviour:
+``broken`` answers 500, ``no-usage`` omits usage, ``no-finish`` never gives a finish reason,
+``silent`` streams no text, ``no-tokenize`` gets a 404 from ``/tokenize``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -24,9 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from metrale_bench.server_process import free_port
+
 FAKE_MODEL = "fake-model"
 TOKEN_DELAY_S = 0.002
 FIRST_TOKEN_DELAY_S = 0.01
+FAKE_TOKENS_PER_WORD = 2
 MIB = 1 << 20
 FAKE_MEMORY = {
     "kv_blocks": 64,
@@ -52,11 +55,15 @@ def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+def _count(text: str) -> int:
+    return FAKE_TOKENS_PER_WORD * len(text.split())
+
+
 def _prompt_tokens(body: dict[str, Any]) -> int:
     if "messages" in body:
-        return sum(len(str(m.get("content", "")).split()) for m in body["messages"]) + 3
+        return sum(_count(str(m.get("content", ""))) for m in body["messages"]) + 3
     prompt = body.get("prompt", "")
-    return len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    return len(prompt) if isinstance(prompt, list) else _count(str(prompt))
 
 
 async def _events(body: dict[str, Any], is_chat: bool) -> AsyncIterator[str]:
@@ -117,6 +124,13 @@ async def memory(request: Request) -> Response:
     return JSONResponse(FAKE_MEMORY)
 
 
+async def tokenize(request: Request) -> Response:
+    body = await request.json()
+    if body.get("model") == "no-tokenize":
+        return JSONResponse({"error": {"message": "not here"}}, status_code=404)
+    return JSONResponse({"count": _count(str(body.get("prompt", "")))})
+
+
 def fake_app() -> Starlette:
     return Starlette(
         routes=[
@@ -126,14 +140,9 @@ def fake_app() -> Starlette:
             Route("/version", version),
             Route("/health", health),
             Route("/memory", memory),
+            Route("/tokenize", tokenize, methods=["POST"]),
         ]
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +154,7 @@ def fake_delays_s() -> tuple[float, float]:
 @pytest.fixture(scope="session")
 def fake_server_url() -> Iterator[str]:
     """The base URL of the fake server, served by Hypercorn on a thread for the session."""
-    port = _free_port()
+    port = free_port()
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]
     config.accesslog = None

@@ -11,6 +11,7 @@ from metrale_bench.datasets import (
     length_range,
     random_requests,
     sharegpt_requests,
+    words_for_tokens,
 )
 
 
@@ -27,30 +28,37 @@ def test_length_range_refuses_ratio_of_one() -> None:
         length_range(10, 1.0)
 
 
-def test_random_token_prompts_have_exact_lengths() -> None:
+def test_random_prompts_are_words_with_lengths_in_range() -> None:
     requests = random_requests(
         num_requests=50, input_len=100, output_len=20, range_ratio=0.5, seed=1
     )
-    lengths = [len(r.prompt) for r in requests]
-    assert all(isinstance(r.prompt, tuple) for r in requests)
+    lengths = [len(str(r.prompt).split()) for r in requests]
+    assert all(isinstance(r.prompt, str) for r in requests)
+    assert all(set(str(r.prompt).split()) <= set(WORDS) for r in requests)
     assert min(lengths) >= 50
     assert max(lengths) <= 150
     assert len(set(lengths)) > 10
     assert all(10 <= r.max_tokens <= 30 for r in requests)
-    assert all(1000 <= t < 10000 for r in requests for t in r.prompt if isinstance(t, int))
     assert requests == random_requests(
         num_requests=50, input_len=100, output_len=20, range_ratio=0.5, seed=1
     )
 
 
-def test_random_text_prompts_count_words() -> None:
-    (request,) = random_requests(num_requests=1, input_len=64, output_len=8, token_id_range=None)
-    assert isinstance(request.prompt, str)
-    words = request.prompt.split()
-    assert len(words) == 64
-    assert set(words) <= set(WORDS)
+def test_random_prompts_are_sized_by_tokens_per_word() -> None:
+    (request,) = random_requests(num_requests=1, input_len=64, output_len=8)
+    assert len(str(request.prompt).split()) == 64
     assert request.max_tokens == 8
     assert request.prompt[:20] not in repr(request)  # a repr never prints prompts
+    (request,) = random_requests(num_requests=1, input_len=64, output_len=8, tokens_per_word=5.5)
+    assert len(str(request.prompt).split()) == 12  # round(64 / 5.5)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "tokens_per_word", "num_words"),
+    [(64, 1.0, 64), (64, 2.0, 32), (10, 3.0, 3), (1, 6.0, 1), (5, 0.5, 10)],
+)
+def test_words_for_tokens(num_tokens: int, tokens_per_word: float, num_words: int) -> None:
+    assert words_for_tokens(num_tokens, tokens_per_word) == num_words
 
 
 def _sharegpt(path: Path) -> Path:

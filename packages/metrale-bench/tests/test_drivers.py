@@ -13,7 +13,6 @@ from metrale_bench.benchmarks.concurrency_sweep import (
 )
 from metrale_bench.benchmarks.decode_floor import DecodeFloorSpec, run_decode_floor
 from metrale_bench.benchmarks.default_tier_boot import (
-    MemoryReport,
     TierBootSpec,
     memory_metrics,
     run_default_tier_boot,
@@ -24,6 +23,7 @@ from metrale_bench.load import LoadSpec
 from metrale_bench.metrics import Slo
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget
+from metrale_bench.wire import MemoryReport
 
 
 def test_serve_records_every_metric(fake_server_url: str) -> None:
@@ -44,12 +44,30 @@ def test_serve_records_every_metric(fake_server_url: str) -> None:
     assert record.server_version == {"version": "fake-0.0.1"}
     assert record.num_failed == 0
     assert record.metrics["num_completed"] == 6
+    # The fake tokenizer makes two tokens a word: /tokenize says so, prompts are 10 words.
+    assert record.params["prompts"] == {"tokens_per_word": 2.0, "sized_by": "/tokenize"}
     assert record.metrics["total_input_tokens"] == 6 * 20
+    assert record.metrics["mean_input_tokens"] == 20
     assert record.metrics["total_output_tokens"] == 6 * 6
     assert record.metrics["max_concurrent_requests"] == 3
     assert record.metrics["goodput_request_s"] == pytest.approx(record.metrics["request_s"])
     assert record.params["load"]["max_concurrency"] == 3
     assert len(record.samples["ttft_ms"]) == 6
+
+
+def test_serve_without_tokenize_sizes_prompts_a_token_a_word(fake_server_url: str) -> None:
+    target = ServerTarget(base_url=fake_server_url, model="no-tokenize")
+    record = asyncio.run(
+        run_serve(
+            target,
+            workload=Workload(num_prompts=2, random_input_len=20, random_output_len=2),
+            load=LoadSpec(),
+            sampling=SamplingSpec(),
+        )
+    )
+    assert record.params["prompts"] == {"tokens_per_word": 1.0, "sized_by": "words"}
+    # 20 words at the fake's two tokens a word: the record holds what the server counted.
+    assert record.metrics["mean_input_tokens"] == 40
 
 
 def test_serve_counts_failures(fake_server_url: str) -> None:
@@ -102,11 +120,12 @@ def test_decode_floor(fake_server_url: str, fake_delays_s: tuple[float, float]) 
 
 
 def test_ttft_requests_share_a_prefix() -> None:
-    spec = TtftSpec(prefix_len=10, suffix_len=3, runs=2)
-    cold, prime, warm = ttft_requests("completions", spec)
-    assert all(len(r.prompt) == 13 for r in [*cold, prime, *warm])
-    assert all(r.prompt[:10] == prime.prompt[:10] for r in warm)
-    assert cold[0].prompt[:10] != cold[1].prompt[:10]
+    spec = TtftSpec(prefix_len=20, suffix_len=6, runs=2)
+    cold, prime, warm = ttft_requests(spec, tokens_per_word=2.0)
+    words = {r: str(r.prompt).split() for r in [*cold, prime, *warm]}
+    assert all(len(w) == 13 for w in words.values())
+    assert all(words[r][:10] == words[prime][:10] for r in warm)
+    assert words[cold[0]][:10] != words[cold[1]][:10]
     assert len({r.prompt for r in [*warm, prime]}) == 3
 
 

@@ -36,13 +36,14 @@ def test_a_good_stream(fake_server_url: str, fake_delays_s: tuple[float, float],
     outcome = _run(fake_server_url, "fake-model", api=api, max_tokens=5)
     assert outcome.error is None
     assert outcome.output_tokens == 5
-    assert outcome.prompt_tokens == (6 if api == "chat" else 3)
+    assert outcome.prompt_tokens == (2 * 3 + 3 if api == "chat" else 3)
     assert outcome.finish_reason == "length"
     assert outcome.ttft_s is not None
     assert outcome.ttft_s >= first_token_delay_s
-    # One chunk per token: four gaps of at least the server's delay each.
+    # One chunk per token: four gaps. A busy client may read two chunks at once, so only the
+    # whole stream is bound by the server's delays, not each gap.
     assert len(outcome.itl_s) == 4
-    assert all(gap >= token_delay_s * 0.9 for gap in outcome.itl_s)
+    assert outcome.latency_s >= first_token_delay_s + 4 * token_delay_s
     assert outcome.latency_s >= outcome.ttft_s + sum(outcome.itl_s) - 1e-6
 
 

@@ -30,7 +30,7 @@ from metrale_bench.datasets import DatasetError
 from metrale_bench.load import LoadSpec
 from metrale_bench.metrics import Slo
 from metrale_bench.records import BenchRecord, RecordError, find_records, read_record, write_record
-from metrale_bench.server_boot import ServerBootError, boot_server
+from metrale_bench.server_process import ServerStartError, running_server
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget, TargetError
 
@@ -139,6 +139,12 @@ def workload_options(function: F) -> F:
             type=click.Choice(["random", "sharegpt"]),
             default="random",
             show_default=True,
+            help=(
+                "random: text prompts of random common English words, so any server accepts "
+                "them whatever its vocabulary; sized to --random-input-len tokens with the "
+                "tokens per word the server's /tokenize measures (one per word without it). "
+                "The record keeps the server's own prompt counts (mean_input_tokens)."
+            ),
         ),
         click.option(
             "--dataset-path",
@@ -147,7 +153,11 @@ def workload_options(function: F) -> F:
             help="The ShareGPT JSON file.",
         ),
         click.option(
-            "--random-input-len", type=click.IntRange(min=1), default=128, show_default=True
+            "--random-input-len",
+            type=click.IntRange(min=1),
+            default=128,
+            show_default=True,
+            help="Prompt tokens, on average (see --dataset).",
         ),
         click.option(
             "--random-output-len", type=click.IntRange(min=1), default=128, show_default=True
@@ -226,7 +236,7 @@ def _slo(text: str | None) -> Slo | None:
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coroutine)
-    except (TargetError, DatasetError, ServerBootError, ValueError) as error:
+    except (TargetError, DatasetError, ServerStartError, ValueError) as error:
         raise click.ClickException(str(error)) from error
 
 
@@ -493,12 +503,13 @@ def default_tier_boot(**options: Any) -> None:
         record = measure(options["base_url"], None)
     else:
         try:
-            with boot_server(
-                options["model"], options["serve_args"], ready_timeout_s=options["ready_timeout"]
+            model = () if options["model"] is None else (options["model"],)
+            with running_server(
+                [*model, *options["serve_args"]], ready_timeout_s=options["ready_timeout"]
             ) as server:
-                boot = {"command": list(server.command), "boot_s": server.boot_s}
+                boot = {"command": list(server.command), "boot_s": server.ready_s}
                 record = measure(server.base_url, boot)
-        except ServerBootError as error:
+        except ServerStartError as error:
             raise click.ClickException(str(error)) from error
     finish(record, options["records_dir"], plot=not options["no_plot"])
 

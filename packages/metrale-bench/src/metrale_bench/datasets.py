@@ -1,8 +1,12 @@
 """Benchmark prompts: ``random`` (vLLM's random dataset, with a range ratio) and ShareGPT JSON.
 
-The bench has no tokenizer (it talks to any server), so lengths in tokens are exact only for
-token-id prompts; text prompts are built from single-token English words and their lengths
-are approximate. The server's ``usage`` gives the recorded counts either way.
+Random prompts are text, random words from ``WORDS``, so every server and tokenizer accepts
+them whatever its vocabulary (like vLLM's, whose random token ids are decoded to text before
+they are sent). The bench has no tokenizer: a prompt of N tokens is N / ``tokens_per_word``
+words, the ratio measured once on the server's ``/tokenize`` when it has one (see
+``benchmarks.common.identify``), else 1 (these words are one token each in the byte-level BPE
+vocabularies of common models). Lengths are right on average, not exactly per prompt; the
+recorded counts are the server's ``usage`` either way.
 """
 
 from __future__ import annotations
@@ -74,24 +78,27 @@ def random_requests(
     output_len: int,
     range_ratio: float = 0.0,
     seed: int = 0,
-    token_id_range: tuple[int, int] | None = (1000, 10000),
+    tokens_per_word: float = 1.0,
 ) -> list[BenchRequest]:
-    """``num_requests`` prompts with input and output lengths drawn uniformly from
-    :func:`length_range`. Prompts are random token ids from ``token_id_range`` (``[low,
-    high)``), or random words when ``token_id_range`` is ``None``. Same seed, same requests."""
+    """``num_requests`` text prompts with input and output lengths in tokens drawn uniformly
+    from :func:`length_range`; a prompt of N tokens is :func:`words_for_tokens` words. Same
+    seed and ratio, same requests."""
     rng = random.Random(seed)
     input_bounds = length_range(input_len, range_ratio)
     output_bounds = length_range(output_len, range_ratio)
     requests = []
     for _ in range(num_requests):
-        num_input = rng.randint(*input_bounds)
-        prompt: str | tuple[int, ...]
-        if token_id_range is None:
-            prompt = random_text(num_input, rng)
-        else:
-            prompt = tuple(rng.randrange(*token_id_range) for _ in range(num_input))
+        num_words = words_for_tokens(rng.randint(*input_bounds), tokens_per_word)
+        prompt = random_text(num_words, rng)
         requests.append(BenchRequest(prompt=prompt, max_tokens=rng.randint(*output_bounds)))
     return requests
+
+
+def words_for_tokens(num_tokens: int, tokens_per_word: float) -> int:
+    """How many ``WORDS`` make about ``num_tokens`` tokens (at least one)."""
+    if tokens_per_word <= 0:
+        raise ValueError(f"tokens per word must be positive, got {tokens_per_word}")
+    return max(1, round(num_tokens / tokens_per_word))
 
 
 def sharegpt_requests(

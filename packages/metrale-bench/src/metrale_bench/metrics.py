@@ -169,6 +169,9 @@ class ServeMetrics:
             "duration_s": self.duration_s,
             "total_input_tokens": self.total_input_tokens,
             "total_output_tokens": self.total_output_tokens,
+            "mean_input_tokens": (
+                self.total_input_tokens / self.num_completed if self.num_completed else None
+            ),
             "request_s": self.request_throughput,
             "output_tok_s": self.output_throughput,
             "total_tok_s": self.total_token_throughput,

@@ -69,6 +69,20 @@ async def server_version(client: httpx.AsyncClient) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {"version": data}
 
 
+async def count_tokens(client: httpx.AsyncClient, model: str, text: str) -> int | None:
+    """How many tokens the server's tokenizer makes of ``text`` without special tokens, from
+    vLLM's ``POST /tokenize`` (metrale and vLLM have it); ``None`` when the server does not
+    answer it with a count."""
+    body = {"model": model, "prompt": text, "add_special_tokens": False}
+    try:
+        response = await client.post("/tokenize", json=body)
+        data = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    count = data.get("count") if isinstance(data, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
 async def get_json(client: httpx.AsyncClient, path: str) -> Any:
     """``GET path`` as JSON; raises :class:`TargetError` on a transport error or a non-200."""
     try:

@@ -43,11 +43,19 @@ def test_models_without_linear_attention_have_no_pool(tiny_llama: ModelConfig) -
     assert linear_state_pool_bytes(tiny_llama, 64) == 0
 
 
-def test_arena_holds_step_inputs_and_logits_rows(tiny_llama: ModelConfig) -> None:
-    # ids + positions: 2 x 128 x 8 bytes; logits: 4 rows x 1000 vocab x 4 bytes
+def test_arena_holds_step_inputs_block_tables_and_logits_rows(tiny_llama: ModelConfig) -> None:
+    # ids + positions + slots: 3 x 128 x 8 bytes; block tables: 4 rows x ceil(250 / 16) = 16
+    # blocks x 8 bytes; logits: 4 rows x 1000 vocab x 4 bytes
     assert (
-        buffer_arena_bytes(tiny_llama, max_batch_tokens=128, max_batch_size=4, dtype_bytes=4)
-        == 2048 + 16_000
+        buffer_arena_bytes(
+            tiny_llama,
+            max_batch_tokens=128,
+            max_batch_size=4,
+            dtype_bytes=4,
+            max_seq_len=250,
+            block_size=16,
+        )
+        == 3072 + 512 + 16_000
     )
 
 

@@ -2,10 +2,12 @@
 
 from metrale_server.engine.args import EngineArgs
 from metrale_server.engine.async_engine import AsyncEngine, EngineDeadError
-from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.core import EngineCore, RequestError
+from metrale_server.engine.engine import Engine
 from metrale_server.engine.llm import LLM
 from metrale_server.engine.stats import EngineStats
 from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
 
 __all__ = [
@@ -14,10 +16,12 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "EngineArgs",
+    "EngineCore",
     "EngineDeadError",
     "EngineStats",
     "RequestError",
     "RequestOutput",
+    "RequestOutputKind",
     "SamplingParams",
     "TokenLogprob",
 ]

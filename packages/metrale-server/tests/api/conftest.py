@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,16 +19,11 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from starlette.applications import Starlette
 
+from metrale_bench.server_process import free_port
 from metrale_server import AsyncEngine, Engine, EngineArgs
 from metrale_server.api import ServerState, create_app
 
 MODEL_NAME = "tiny-llama"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from metrale_server import Engine
-from metrale_server.output.outputs import RequestOutput
+from metrale_server.engine.core_output import EngineCoreOutput
 
 USER = [{"role": "user", "content": "Hi"}]
 COMPLETIONS = "/v1/completions"
@@ -235,17 +235,17 @@ def test_an_engine_failure_is_a_500_or_an_error_event(
     server: Any, monkeypatch: pytest.MonkeyPatch, is_streamed: bool
 ) -> None:
     engine: Engine = server.engine
-    original_step = engine.step
+    original_step = engine.core.step
     num_calls = 0
 
-    def failing_once() -> list[RequestOutput]:
+    def failing_once() -> list[EngineCoreOutput]:
         nonlocal num_calls
         num_calls += 1
         if num_calls == 1:
             raise RuntimeError("injected engine failure")
         return original_step()
 
-    monkeypatch.setattr(engine, "step", failing_once)
+    monkeypatch.setattr(engine.core, "step", failing_once)
     response = server.client.post(CHAT, json=chat(stream=is_streamed, max_tokens=8))
     if is_streamed:
         assert response.status_code == 200

@@ -13,10 +13,10 @@ import attrs
 import httpx
 import pytest
 
-from metrale_bench.benchmarks.default_tier_boot import MemoryReport
+from metrale_bench.server_process import ServerProcess
+from metrale_bench.wire import MemoryReport
 from metrale_model_arch.memory import RUNTIME_HEADROOM
 from metrale_server import Engine, EngineArgs
-from metrale_server.cli.server_process import ServerProcess
 from metrale_server.memory.host_memory import physical_memory_bytes, record_mem_available_at_start
 
 INT_FIELDS = (

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
-from metrale_bench.benchmarks.default_tier_boot import MemoryReport
+from metrale_bench.wire import MemoryReport
 from metrale_server.api.recent_requests import FinishedRequest
 from metrale_server.tui.histogram import BucketCounts
 from metrale_server.tui.history import RateSample

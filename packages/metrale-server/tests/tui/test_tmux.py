@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from metrale_server.cli.server_process import ServerProcess, free_port
+from metrale_bench.server_process import ServerProcess, free_port
 
 pytestmark = [
     pytest.mark.slow,

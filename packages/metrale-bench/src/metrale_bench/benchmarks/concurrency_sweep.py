@@ -64,13 +64,17 @@ async def run_concurrency_sweep(
     show_progress: bool = False,
 ) -> BenchRecord:
     identity = await identify(target)
-    await warm_up(target, identity.model, workload.requests(target.api, num_warmups), sampling)
+    tokens_per_word = identity.prompt_tokens_per_word
+    warmups = workload.requests(num_warmups, tokens_per_word=tokens_per_word)
+    await warm_up(target, identity.model, warmups, sampling)
     metrics: dict[str, MetricValue] = {}
     samples: dict[str, list[float]] = {}
     num_failed = 0
     errors: list[str] = []
     for concurrency in sweep.concurrencies:
-        requests = workload.requests(target.api, sweep.num_prompts(concurrency))
+        requests = workload.requests(
+            sweep.num_prompts(concurrency), tokens_per_word=tokens_per_word
+        )
         result = await measured_load(
             target,
             identity.model,
@@ -97,6 +101,7 @@ async def run_concurrency_sweep(
         params={
             **target_params(target),
             "workload": as_params(workload),
+            "prompts": identity.prompt_params(),
             "sweep": as_params(sweep),
             "sampling": as_params(sampling),
             "slo": None if slo is None else as_params(slo),

@@ -50,7 +50,7 @@ async def run_decode_floor(
         input_len=spec.input_len,
         output_len=spec.output_len,
         seed=spec.seed,
-        token_id_range=None if target.api == "chat" else (1000, 10000),
+        tokens_per_word=identity.prompt_tokens_per_word,
     )
     await warm_up(target, identity.model, requests[: spec.num_warmups], sampling)
     result = await measured_load(
@@ -80,7 +80,11 @@ async def run_decode_floor(
         base_url=target.base_url,
         model=identity.model,
         server_version=identity.version,
-        params={**target_params(target), "spec": as_params(spec)},
+        params={
+            **target_params(target),
+            "spec": as_params(spec),
+            "prompts": identity.prompt_params(),
+        },
         metrics=metrics,
         samples=latency_samples_ms(result.outcomes),
         num_failed=result.num_failed,

@@ -21,15 +21,15 @@ from metrale_bench.metrics import Slo, compute_serve_metrics, latency_samples_ms
 from metrale_bench.records import BenchRecord, new_record
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget
-from metrale_bench.types import Api, MetricValue
+from metrale_bench.types import MetricValue
 
 Dataset = Literal["random", "sharegpt"]
 
 
 @attrs.frozen(kw_only=True)
 class Workload:
-    """Which prompts a run sends: ``random`` (input / output lengths with a range ratio; token
-    ids for the completions endpoint, words for chat) or a ShareGPT JSON file."""
+    """Which prompts a run sends: ``random`` (text prompts of about ``random_input_len`` tokens,
+    see :mod:`metrale_bench.datasets`, with a range ratio) or a ShareGPT JSON file."""
 
     dataset: Dataset = "random"
     dataset_path: Path | None = None
@@ -40,7 +40,11 @@ class Workload:
     sharegpt_output_len: int | None = None
     seed: int = 0
 
-    def requests(self, api: Api, num_prompts: int | None = None) -> list[BenchRequest]:
+    def requests(
+        self, num_prompts: int | None = None, *, tokens_per_word: float = 1.0
+    ) -> list[BenchRequest]:
+        """The first ``num_prompts`` (default ``self.num_prompts``) requests; random prompts
+        are sized at ``tokens_per_word`` tokens per word."""
         count = self.num_prompts if num_prompts is None else num_prompts
         if self.dataset == "sharegpt":
             if self.dataset_path is None:
@@ -57,7 +61,7 @@ class Workload:
             output_len=self.random_output_len,
             range_ratio=self.random_range_ratio,
             seed=self.seed,
-            token_id_range=None if api == "chat" else (1000, 10000),
+            tokens_per_word=tokens_per_word,
         )
 
 
@@ -84,7 +88,7 @@ async def run_serve(
     """Run one load against ``target`` and record it; failed requests are counted in the
     record (``num_failed``), never raised."""
     identity = await identify(target)
-    requests = workload.requests(target.api)
+    requests = workload.requests(tokens_per_word=identity.prompt_tokens_per_word)
     await warm_up(target, identity.model, requests[:num_warmups], sampling)
     result = await measured_load(
         target,
@@ -105,6 +109,7 @@ async def run_serve(
         params={
             **target_params(target),
             "workload": as_params(workload),
+            "prompts": identity.prompt_params(),
             "load": as_params(load),
             "sampling": as_params(sampling),
             "slo": None if slo is None else as_params(slo),

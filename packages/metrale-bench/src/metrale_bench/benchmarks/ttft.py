@@ -1,10 +1,11 @@
 """The ``ttft`` driver: time to first token for a cold prompt vs one sharing a warm prefix.
 
-All requests go one at a time and have the same length, ``prefix_len + suffix_len`` tokens
-(words, for the chat endpoint). Cold prompts are fresh random ones (nothing to reuse); warm
-ones share a ``prefix_len`` prefix that one unmeasured request sent first, each with its own
-suffix. A server that caches prefixes answers the warm ones sooner: ``warm_over_cold`` is the
-ratio of median TTFTs (below 1 means the cache helped).
+All requests go one at a time and have about the same length, ``prefix_len + suffix_len``
+tokens of random words (sized like the random dataset's, see :mod:`metrale_bench.datasets`).
+Cold prompts are fresh random ones (nothing to reuse); warm ones share a ``prefix_len`` prefix
+that one unmeasured request sent first, each with its own suffix. A server that caches
+prefixes answers the warm ones sooner: ``warm_over_cold`` is the ratio of median TTFTs (below
+1 means the cache helped).
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ from metrale_bench.benchmarks.common import (
     target_params,
     warm_up,
 )
-from metrale_bench.datasets import BenchRequest, random_text
+from metrale_bench.datasets import BenchRequest, random_text, words_for_tokens
 from metrale_bench.load import LoadResult, LoadSpec
 from metrale_bench.metrics import MS_PER_S, LatencySummary
 from metrale_bench.records import BenchRecord, new_record
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget
-from metrale_bench.types import Api, MetricValue
-
-TOKEN_ID_RANGE = (1000, 10000)
+from metrale_bench.types import MetricValue
 
 
 @attrs.frozen(kw_only=True)
@@ -41,34 +40,23 @@ class TtftSpec:
     seed: int = 0
 
 
-def _segment(api: Api, length: int, rng: random.Random) -> str | tuple[int, ...]:
-    if api == "chat":
-        return random_text(length, rng) + " "
-    return tuple(rng.randrange(*TOKEN_ID_RANGE) for _ in range(length))
-
-
-def _joined(head: str | tuple[int, ...], tail: str | tuple[int, ...]) -> str | tuple[int, ...]:
-    if isinstance(head, str) and isinstance(tail, str):
-        return head + tail
-    if isinstance(head, tuple) and isinstance(tail, tuple):
-        return head + tail
-    raise TypeError("a prompt is text or token ids, not both")
-
-
 def ttft_requests(
-    api: Api, spec: TtftSpec
+    spec: TtftSpec, *, tokens_per_word: float = 1.0
 ) -> tuple[list[BenchRequest], BenchRequest, list[BenchRequest]]:
     """Cold requests, the priming request, and warm requests sharing its prefix."""
     rng = random.Random(spec.seed)
-    total = spec.prefix_len + spec.suffix_len
 
-    def request(prompt: str | tuple[int, ...]) -> BenchRequest:
+    def segment(num_tokens: int) -> str:
+        return random_text(words_for_tokens(num_tokens, tokens_per_word), rng) + " "
+
+    def request(prompt: str) -> BenchRequest:
         return BenchRequest(prompt=prompt, max_tokens=spec.max_tokens)
 
-    cold = [request(_segment(api, total, rng)) for _ in range(spec.runs)]
-    prefix = _segment(api, spec.prefix_len, rng)
-    prime = request(_joined(prefix, _segment(api, spec.suffix_len, rng)))
-    warm = [request(_joined(prefix, _segment(api, spec.suffix_len, rng))) for _ in range(spec.runs)]
+    total = spec.prefix_len + spec.suffix_len
+    cold = [request(segment(total)) for _ in range(spec.runs)]
+    prefix = segment(spec.prefix_len)
+    prime = request(prefix + segment(spec.suffix_len))
+    warm = [request(prefix + segment(spec.suffix_len)) for _ in range(spec.runs)]
     return cold, prime, warm
 
 
@@ -91,7 +79,7 @@ async def run_ttft(
 ) -> BenchRecord:
     identity = await identify(target)
     sampling = SamplingSpec(temperature=0.0, seed=spec.seed, ignore_eos=True)
-    cold, prime, warm = ttft_requests(target.api, spec)
+    cold, prime, warm = ttft_requests(spec, tokens_per_word=identity.prompt_tokens_per_word)
     one_at_a_time = LoadSpec(max_concurrency=1)
     # A short unrelated request first, so the first cold run pays no first-call costs.
     await warm_up(target, identity.model, [BenchRequest(prompt="Hello", max_tokens=2)], sampling)
@@ -129,7 +117,11 @@ async def run_ttft(
         base_url=target.base_url,
         model=identity.model,
         server_version=identity.version,
-        params={**target_params(target), "spec": as_params(spec)},
+        params={
+            **target_params(target),
+            "spec": as_params(spec),
+            "prompts": identity.prompt_params(),
+        },
         metrics=metrics,
         samples=samples,
         num_failed=num_failed,

@@ -1,8 +1,11 @@
 """The buffer arena: step buffers allocated once at start, sized by the batch limits.
 
-The model runner stages every step's token ids and positions (int64, up to
-``max_batch_tokens``) and writes the sampled rows' logits (up to ``max_batch_size`` rows of
-``vocab_size`` at the model dtype) into these buffers instead of allocating them each step.
+The model runner stages every step's token ids, positions and KV slots (int64, up to
+``max_batch_tokens``), keeps every running sequence's block table in one persistent row of
+``block_tables`` (``max_batch_size`` rows of ``ceil(max_seq_len / block_size)`` int64 block
+ids, updated only when a sequence gains a block), and writes the sampled rows' logits (up to
+``max_batch_size`` rows of ``vocab_size`` at the model dtype) into these buffers instead of
+allocating them each step.
 """
 
 from __future__ import annotations
@@ -24,10 +27,17 @@ class ArenaBuffer:
 
 
 def arena_buffers(
-    config: ModelConfig, *, max_batch_tokens: int, max_batch_size: int, dtype_bytes: int
+    config: ModelConfig,
+    *,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    dtype_bytes: int,
+    max_seq_len: int,
+    block_size: int,
 ) -> tuple[ArenaBuffer, ...]:
     """Every arena buffer, in allocation order."""
     logits_shape = (max(max_batch_size, 1), config.vocab_size)
+    table_shape = (max(max_batch_size, 1), -(-max_seq_len // block_size))
     return (
         ArenaBuffer(
             name="input_ids",
@@ -42,6 +52,18 @@ def arena_buffers(
             num_bytes=max_batch_tokens * INT64_BYTES,
         ),
         ArenaBuffer(
+            name="slot_mapping",
+            shape=(max_batch_tokens,),
+            dtype="int64",
+            num_bytes=max_batch_tokens * INT64_BYTES,
+        ),
+        ArenaBuffer(
+            name="block_tables",
+            shape=table_shape,
+            dtype="int64",
+            num_bytes=table_shape[0] * table_shape[1] * INT64_BYTES,
+        ),
+        ArenaBuffer(
             name="logits",
             shape=logits_shape,
             dtype="model",
@@ -51,7 +73,13 @@ def arena_buffers(
 
 
 def buffer_arena_bytes(
-    config: ModelConfig, *, max_batch_tokens: int, max_batch_size: int, dtype_bytes: int
+    config: ModelConfig,
+    *,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    dtype_bytes: int,
+    max_seq_len: int,
+    block_size: int,
 ) -> int:
     return sum(
         buffer.num_bytes
@@ -60,5 +88,7 @@ def buffer_arena_bytes(
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
             dtype_bytes=dtype_bytes,
+            max_seq_len=max_seq_len,
+            block_size=block_size,
         )
     )

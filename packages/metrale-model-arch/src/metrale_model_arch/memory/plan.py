@@ -4,8 +4,9 @@
 gpu_memory_utilization``; from it come the weights, the reserve terms (per-sequence state for
 ``max_batch_size`` slots, the linear-attention state pool, the buffer arena, runtime headroom)
 and what is left is the KV pool, in whole blocks, clamped to what ``max_batch_size`` full-length
-sequences can ever use. A plan that cannot hold the weights, or the reserve plus one
-``max_seq_len`` sequence of KV, raises :class:`MemoryPlanError` naming the term and the flags.
+sequences can ever use and to ``kv_cache_max_bytes`` when set. A plan that cannot hold the
+weights, or the reserve plus one ``max_seq_len`` sequence of KV, raises :class:`MemoryPlanError`
+naming the term and the flags.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class PlanInputs:
     max_batch_size: int | None = 8
     max_batch_tokens: int = 2048
     num_kv_blocks: int | None = None
+    # At most this many bytes of KV pool (``None``: whatever the budget leaves), yet always
+    # room for one ``max_seq_len`` sequence.
+    kv_cache_max_bytes: int | None = None
     spec_on: bool = False
     indexer_paged: bool = True
 
@@ -190,6 +194,8 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             max_batch_tokens=inputs.max_batch_tokens,
             max_batch_size=max_batch_size,
             dtype_bytes=inputs.dtype_bytes,
+            max_seq_len=inputs.max_seq_len,
+            block_size=inputs.block_size,
         ),
         runtime_headroom_bytes=runtime_headroom_bytes(
             config,
@@ -232,6 +238,9 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         kv_blocks = inputs.num_kv_blocks
     else:
         kv_blocks = min(blocks_fit, max_batch_size * blocks_per_seq)
+        if inputs.kv_cache_max_bytes is not None:
+            cap_blocks = max(inputs.kv_cache_max_bytes // draft.kv_block_bytes, blocks_per_seq)
+            kv_blocks = min(kv_blocks, cap_blocks)
     return attrs.evolve(draft, kv_blocks=kv_blocks)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Sequence
 
 import attrs
@@ -15,14 +16,18 @@ from metrale_server.engine.async_engine import EngineDeadError
 from metrale_server.engine.core import RequestError
 from metrale_server.output.outputs import RequestOutput
 
-TIMEOUT_FINISH_REASON = "timeout"
+# OpenAI's reason for output cut short; the log line says it was the timeout.
+TIMEOUT_FINISH_REASON = "length"
+
+logger = logging.getLogger(__name__)
 
 
 class Generation:
     """An engine request, started on construction (a refusal raises ``ApiError`` at once).
 
     ``outputs()`` yields its ``RequestOutput``s; past ``state.request_timeout_s`` the request is
-    aborted and its unfinished outputs end with finish_reason ``"timeout"``. ``close()`` (run
+    aborted and its unfinished outputs end with finish_reason ``"length"`` (a warning names the
+    request and the timeout). ``close()`` (run
     when ``outputs()`` is left, or by the owner of a generation never iterated) aborts the
     request if it has not finished, so its KV blocks are freed.
     """
@@ -79,6 +84,13 @@ class Generation:
 
     def _expire(self) -> None:
         self.is_timed_out = True
+        logger.warning(
+            "request %s timed out after %g s (--request-timeout); its outputs end with "
+            "finish_reason %r",
+            self.request_id,
+            self._state.request_timeout_s,
+            TIMEOUT_FINISH_REASON,
+        )
         self.abort()
 
 

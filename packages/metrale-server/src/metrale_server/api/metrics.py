@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
-from metrale_server.engine.core import Engine
+from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -26,7 +26,8 @@ E2E_BUCKETS_S = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 
 
 
 class _EngineCollector(Collector):
-    """What the engine knows, read when ``/metrics`` is scraped (plain int reads, any thread)."""
+    """What the engine knows, read when ``/metrics`` is scraped: the engine's published stats
+    snapshot (one reference read, any thread) and its fixed sizes."""
 
     def __init__(self, engine: Engine, model_name: str) -> None:
         self._engine = engine
@@ -34,22 +35,21 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine
-        prefix = engine.block_manager.stats
-        stats = engine.stats
+        stats = engine.core.published_stats
         yield self._gauge(
             "metrale_num_requests_running",
             "Requests in the running batch.",
-            len(engine.scheduler.running),
+            stats.num_running_requests,
         )
         yield self._gauge(
             "metrale_num_requests_waiting",
             "Requests waiting to be scheduled.",
-            len(engine.scheduler.waiting),
+            stats.num_waiting_requests,
         )
         yield self._gauge(
             "metrale_kv_cache_usage_perc",
             "Fraction of KV cache blocks in use (0..1).",
-            engine.block_manager.usage,
+            stats.kv_cache_usage,
         )
         yield self._gauge(
             "metrale_kv_cache_blocks_total",
@@ -85,12 +85,12 @@ class _EngineCollector(Collector):
         yield self._counter(
             "metrale_prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            prefix.num_queried_tokens,
+            stats.prefix_cache_queries,
         )
         yield self._counter(
             "metrale_prefix_cache_hits",
             "Prompt tokens found in the prefix cache.",
-            prefix.num_hit_tokens,
+            stats.prefix_cache_hits,
         )
         yield self._counter(
             "metrale_num_preemptions",
@@ -169,7 +169,7 @@ class RequestTracker:
 
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
-        if self._first_token_at is None and any(o.token_ids for o in output.outputs):
+        if self._first_token_at is None and any(o.delta_token_ids for o in output.outputs):
             self._first_token_at = now
             self._metrics.time_to_first_token.observe(now - self._arrival)
         if output.finished and not self._is_recorded:
@@ -180,7 +180,7 @@ class RequestTracker:
         if not output.finished or output.error is not None:
             return
         self._metrics.e2e_request_latency.observe(now - self._arrival)
-        num_tokens = max((len(o.token_ids) for o in output.outputs), default=0)
+        num_tokens = max((o.num_tokens for o in output.outputs), default=0)
         if self._first_token_at is not None and num_tokens > 1:
             self._metrics.time_per_output_token.observe(
                 (now - self._first_token_at) / (num_tokens - 1)

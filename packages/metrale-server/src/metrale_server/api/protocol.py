@@ -14,7 +14,7 @@ from metrale_model_arch import ChatTemplateError
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
 from metrale_server.api.sampling import parse_sampling, read_logprobs_count
-from metrale_server.engine.core import Engine
+from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import SamplingParams
 
 MAX_PROMPTS = 64

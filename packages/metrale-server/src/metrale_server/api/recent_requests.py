@@ -42,7 +42,7 @@ class FinishedRequest:
         return cls(
             request_id=output.request_id,
             num_prompt_tokens=len(output.prompt_token_ids),
-            num_completion_tokens=sum(len(o.token_ids) for o in output.outputs),
+            num_completion_tokens=sum(o.num_tokens for o in output.outputs),
             latency_s=latency_s,
             finish_reason=reason,
             finished_at=time.time(),

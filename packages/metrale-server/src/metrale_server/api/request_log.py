@@ -15,7 +15,7 @@ class LoggingServerMetrics(ServerMetrics):
     """``ServerMetrics`` whose trackers also log each request when its last output arrives.
 
     The tracker sees outputs as the API reports them (a request cut by the timeout already
-    says ``timeout``). A client that leaves early ends its request without a last output, so
+    says ``length``). A client that leaves early ends its request without a last output, so
     that request has no line.
     """
 
@@ -39,7 +39,7 @@ class _LoggingTracker(RequestTracker):
 def format_finished(output: RequestOutput, latency_s: float) -> str:
     if output.error is not None:
         return f"{output.request_id} failed after {latency_s:.3f} s: {output.error}"
-    num_completion = sum(len(o.token_ids) for o in output.outputs)
+    num_completion = sum(o.num_tokens for o in output.outputs)
     reasons = ",".join(str(o.finish_reason) for o in output.outputs)
     return (
         f"{output.request_id} prompt_tokens={len(output.prompt_token_ids)} "

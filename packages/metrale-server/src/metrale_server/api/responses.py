@@ -72,7 +72,7 @@ class ChoiceProgress:
     is_finished: bool = False
 
     def new_logprobs(self, output: CompletionOutput) -> tuple[TokenLogprob, ...]:
-        entries = (output.logprobs or ())[self.num_logprobs_sent :]
+        entries = output.delta_logprobs or ()
         self.num_logprobs_sent += len(entries)
         return entries
 

@@ -6,7 +6,7 @@ import attrs
 
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe, is_int
-from metrale_server.engine.core import Engine
+from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 128

@@ -10,7 +10,7 @@ import attrs
 from metrale_server.api.logprobs import TokenTexts
 from metrale_server.api.metrics import ServerMetrics
 from metrale_server.engine.async_engine import AsyncEngine
-from metrale_server.engine.core import Engine
+from metrale_server.engine.engine import Engine
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from metrale_server.engine.args import EngineArgs
-from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.core import RequestError
+from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import SamplingParams
 
 

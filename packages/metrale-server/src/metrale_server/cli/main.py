@@ -128,9 +128,11 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "GGUF file's stem.",
 )
 @click.option(
-    "--enable-prefix-caching",
-    is_flag=True,
-    help="Reuse the KV blocks of prompt prefixes computed before.",
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=_ENGINE_DEFAULTS.enable_prefix_caching,
+    show_default=True,
+    help="Reuse the KV blocks of prompt prefixes computed before (usage reports them as "
+    "prompt_tokens_details.cached_tokens).",
 )
 @click.option(
     "--api-key",
@@ -150,8 +152,8 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     type=click.FloatRange(min=0.0),
     default=300.0,
     show_default=True,
-    help="Seconds a request may run; past it the request ends with finish_reason 'timeout'. "
-    "0 disables.",
+    help="Seconds a request may run; past it the request ends with finish_reason 'length' "
+    "(and a log line saying it timed out). 0 disables.",
 )
 @click.option(
     "--drain-timeout",
@@ -198,6 +200,7 @@ def serve(
     max_batch_size: int | None,
     max_prefill_tokens: int,
     num_kv_blocks: int | None,
+    kv_cache_memory_gib: float | None,
     enable_prefix_caching: bool,
     dtype: str,
     device: str,
@@ -258,6 +261,7 @@ def serve(
             max_batch_size=max_batch_size,
             max_batch_tokens=max_prefill_tokens,
             num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
@@ -349,7 +353,7 @@ def chat(
 
     backend: ChatBackend
     if model is not None:
-        from metrale_server.engine.core import Engine
+        from metrale_server.engine.engine import Engine
 
         try:
             engine = Engine(EngineArgs(model=model))
@@ -387,6 +391,7 @@ def memory(
     max_batch_size: int | None,
     max_prefill_tokens: int,
     num_kv_blocks: int | None,
+    kv_cache_memory_gib: float | None,
     dtype: str,
     device: str,
     device_memory_gib: float | None,
@@ -410,6 +415,7 @@ def memory(
             max_batch_size=max_batch_size,
             max_batch_tokens=max_prefill_tokens,
             num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
             gpu_memory_utilization=gpu_memory_utilization,
         )
         exit_code = run_memory(

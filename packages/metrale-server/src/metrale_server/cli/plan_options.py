@@ -35,7 +35,8 @@ class BatchSizeType(click.ParamType):  # type: ignore[type-arg]
 
 def plan_options(command: F) -> F:
     """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
-    ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--dtype`` and ``--device``."""
+    ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype`` and
+    ``--device``."""
     options = [
         click.option(
             "--max-seq-len",
@@ -65,8 +66,8 @@ def plan_options(command: F) -> F:
             default=_DEFAULTS.max_batch_size,
             show_default=True,
             help="Most sequences the engine runs in one step (a request with n > this is "
-            "refused), or 'auto': the count in 1..128 that admits the most full-length "
-            "sequences.",
+            "refused); below it, free KV blocks limit the running set. 'auto': the count in "
+            "1..128 that admits the most full-length sequences.",
         ),
         click.option(
             "--max-prefill-tokens",
@@ -82,6 +83,14 @@ def plan_options(command: F) -> F:
             default=None,
             help="KV pool size in blocks (it must fit the budget). Default: what the budget "
             "leaves after weights and reserve, up to what the batch slots can use at full length.",
+        ),
+        click.option(
+            "--kv-cache-memory-gib",
+            type=click.FloatRange(0.0, min_open=True),
+            default=None,
+            help="Most GiB the KV pool takes (never less than one full-length sequence). "
+            "Default: 4 on the CPU (pages become resident only as the cache fills); on CUDA, "
+            "no cap: whatever the memory budget leaves.",
         ),
         click.option(
             "--dtype",

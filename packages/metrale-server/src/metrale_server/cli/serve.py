@@ -34,8 +34,8 @@ from metrale_server.api.loading_app import LoadingApp
 from metrale_server.api.request_log import LoggingServerMetrics
 from metrale_server.cli.serve_args import ServeArgs
 from metrale_server.engine.async_engine import AsyncEngine
-from metrale_server.engine.core import Engine
 from metrale_server.engine.devices import resolve_device, resolve_dtype
+from metrale_server.engine.engine import Engine
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+CPU_KV_CACHE_DEFAULT_GIB = 4.0
+
 
 @attrs.frozen(kw_only=True)
 class EngineArgs:
@@ -12,7 +14,10 @@ class EngineArgs:
 
     ``max_seq_len`` defaults to the model's context. The KV pool is what the memory plan
     leaves in ``gpu_memory_utilization`` of the device's memory, up to what ``max_batch_size``
-    full-length sequences can use; ``num_kv_blocks`` fixes it instead (it must still fit).
+    full-length sequences can use and, when set, to ``kv_cache_memory_gib`` (``None``: 4 GiB on
+    the CPU, as vLLM's CPU backend, so a laptop keeps its RAM; no cap on CUDA);
+    ``num_kv_blocks`` fixes it instead (it must still fit). The running set is limited by free
+    KV blocks and ``max_batch_size`` (256, as vLLM's ``max_num_seqs``).
     """
 
     model: str | None = None
@@ -20,11 +25,12 @@ class EngineArgs:
     device: str = "auto"
     block_size: int = 16
     max_seq_len: int | None = None
-    max_batch_size: int | None = 8
+    max_batch_size: int | None = 256
     max_batch_tokens: int = 2048
     num_kv_blocks: int | None = None
+    kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -36,6 +42,8 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -1,4 +1,4 @@
-"""``AsyncEngine``: the engine on its own thread, streaming outputs to asyncio consumers."""
+"""``AsyncEngine``: the engine core on its own thread, outputs processed on the event loop."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import attrs
 
-from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.core import RequestError
+from metrale_server.engine.core_output import EngineCoreOutput
+from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput
+from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -22,12 +25,12 @@ class _Add:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
-    prompt: str | None
 
 
 @attrs.frozen
 class _Abort:
     request_id: str
+    indices: tuple[int, ...] | None = None
 
 
 @attrs.frozen
@@ -43,24 +46,30 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
-    """Drives an ``Engine`` on a dedicated thread so the event loop never waits on torch.
+    """Drives an ``EngineCore`` on a dedicated thread so the event loop never waits on torch.
+
+    The engine thread only schedules, runs the model and samples; each step's token ids go to
+    the event loop in one call, where the output processor detokenizes them and applies stop
+    strings (a match aborts those outputs in the core).
 
     Contract: ``add_request`` validates on the caller's side (raising ``RequestError`` at once
-    for a request that can never run) and returns an async iterator of incremental outputs,
-    the last one ``finished``. Leaving the iterator early (a client disconnect) aborts the
-    request. ``abort`` frees everything the request holds. An exception inside a step fails
-    the requests in flight (their last output carries ``error``) and the engine goes on.
+    for a request that can never run) and returns an async iterator of outputs that carry
+    what is new (``RequestOutputKind.DELTA``), the last one ``finished`` and cumulative.
+    Leaving the iterator early (a client disconnect) aborts the request. ``abort`` ends it
+    with finish_reason ``abort``. An exception inside a step fails the requests in flight
+    (their last output carries ``error``) and the engine goes on.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.core = engine.core
+        self._processor = engine.processor
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[
             str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]
         ] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="metrale-engine", daemon=True)
-        self._is_stopped = False
         self._thread.start()
 
     @property
@@ -78,14 +87,15 @@ class AsyncEngine:
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        params = self.engine.check_request(prompt_ids, params)
+        params = self.core.check_request(prompt_ids, params)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._streams[request_id] = (loop, stream)
-        self._commands.put(_Add(request_id, prompt_ids, params, prompt))
+        self._processor.add_request(request_id, prompt, prompt_ids, params, RequestOutputKind.DELTA)
+        self._commands.put(_Add(request_id, prompt_ids, params))
         return self._iterate(request_id, stream)
 
     async def _iterate(
@@ -108,67 +118,81 @@ class AsyncEngine:
         self._commands.put(_Stop())
         self._thread.join(timeout)
 
-    def _publish(self, output: RequestOutput) -> None:
+    # -- the event loop's side --------------------------------------------------------------
+
+    def _deliver(self, core_outputs: list[EngineCoreOutput]) -> None:
+        processed = self._processor.process(core_outputs)
+        for request_id, indices in processed.stopped:
+            self._commands.put(_Abort(request_id, indices))
+        for output in processed.outputs:
+            with self._lock:
+                target = self._streams.get(output.request_id)
+                if target is not None and output.finished:
+                    del self._streams[output.request_id]
+            if target is not None:
+                target[1].put_nowait(output)
+
+    # -- the engine thread's side -----------------------------------------------------------
+
+    def _publish(self, core_outputs: list[EngineCoreOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[EngineCoreOutput]] = {}
         with self._lock:
-            target = self._streams.get(output.request_id)
-            if target is not None and output.finished:
-                del self._streams[output.request_id]
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, output)
+            for output in core_outputs:
+                target = self._streams.get(output.request_id)
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append(output)
+        for loop, outputs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver, outputs)
+            except RuntimeError:  # that loop is closed: nobody is listening any more
+                for output in outputs:
+                    self.core.abort(output.request_id)
 
     def _run(self) -> None:
         while True:
-            block = not self.engine.has_unfinished_requests()
+            block = not self.core.has_unfinished_requests()
             try:
                 command = self._commands.get(block=block)
             except queue.Empty:
                 command = None
+            published: list[EngineCoreOutput] = []
             while command is not None:
                 if isinstance(command, _Stop):
                     self._fail_all("the engine is shutting down")
                     return
-                self._apply(command)
+                output = self._apply(command)
+                if output is not None:
+                    published.append(output)
                 try:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     command = None
-            if not self.engine.has_unfinished_requests():
-                continue
-            try:
-                outputs = self.engine.step()
-            except Exception as error:
-                logger.exception("engine step failed")
-                self._fail_all(f"internal error in the engine step: {error}")
-                continue
-            for output in outputs:
-                self._publish(output)
+            if self.core.has_unfinished_requests():
+                try:
+                    published += self.core.step()
+                except Exception as error:
+                    logger.exception("engine step failed")
+                    self._fail_all(f"internal error in the engine step: {error}")
+            self.core.publish_stats()
+            if published:
+                self._publish(published)
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort) -> EngineCoreOutput | None:
         if isinstance(command, _Add):
             try:
-                self.engine.add_request(
-                    command.request_id,
-                    command.prompt_token_ids,
-                    command.params,
-                    prompt=command.prompt,
-                )
+                self.core.add_request(command.request_id, command.prompt_token_ids, command.params)
             except Exception as error:
-                self._publish(self._error_output(command.request_id, str(error)))
-            return
-        output = self.engine.abort(command.request_id)
-        if output is not None:
-            self._publish(output)
+                return _error_output(command.request_id, str(error))
+            return None
+        return self.core.abort(command.request_id, command.indices)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             request_ids = list(self._streams)
         for request_id in request_ids:
-            self.engine.abort(request_id)
-            self._publish(self._error_output(request_id, message))
+            self.core.abort(request_id)
+        self._publish([_error_output(request_id, message) for request_id in request_ids])
 
-    @staticmethod
-    def _error_output(request_id: str, message: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=request_id, prompt_token_ids=(), outputs=(), finished=True, error=message
-        )
+
+def _error_output(request_id: str, message: str) -> EngineCoreOutput:
+    return EngineCoreOutput(request_id=request_id, deltas=(), finished=True, error=message)

@@ -1,4 +1,4 @@
-"""``Engine``: requests in, one scheduler step at a time, ``RequestOutput``s out."""
+"""``EngineCore``: requests in, one scheduler step at a time, token ids (and logprobs) out."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import time
 from collections.abc import Sequence as SequenceOf
 
 import attrs
-import torch
 
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
 from metrale_server.engine.args import EngineArgs
 from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.engine.devices import resolve_device, resolve_dtype
-from metrale_server.engine.model_runner import ModelRunner
+from metrale_server.engine.model_runner import ModelRunner, SampledToken
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
@@ -22,36 +22,22 @@ from metrale_server.engine.sequence_group import SequenceGroup
 from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
-from metrale_server.output.outputs import RequestOutput, TokenLogprob
-from metrale_server.output.text_state import TextState
 from metrale_server.sampling.params import SamplingParams
-from metrale_server.sampling.sampler import sample
-from metrale_server.sampling.tensors import (
-    SamplingRow,
-    make_seeded_generator,
-    prepare_sampling_batch,
-)
+from metrale_server.sampling.tensors import make_seeded_generator
 
 
 class RequestError(ValueError):
     """A request the engine refuses before it runs (it could never fit, or is malformed)."""
 
 
-@attrs.define(eq=False)
-class _Request:
-    prompt: str | None
-    group: SequenceGroup
-    texts: list[TextState]
-    generators: list[torch.Generator | None]
-
-
-class Engine:
-    """Continuous batching over one paged KV pool.
+class EngineCore:
+    """Continuous batching over one paged KV pool; emits token ids, never text.
 
     Contract: ``add_request`` validates and queues (or raises ``RequestError``, changing
-    nothing); ``step`` runs one scheduler step and returns an output for every request that
-    produced tokens or finished in it; ``abort`` frees everything a request holds. Not
-    thread-safe: one thread drives it (``AsyncEngine`` does).
+    nothing); ``step`` runs one scheduler step (forward pass and sampling in the runner) and
+    returns an ``EngineCoreOutput`` for every request that gained tokens or finished in it;
+    ``abort`` ends a request, or some of its outputs (a stop string the output processor
+    found), and frees what they hold. Not thread-safe: one thread drives it.
     """
 
     def __init__(
@@ -112,25 +98,41 @@ class Engine:
             block_size=args.block_size,
             max_batch_tokens=args.max_batch_tokens,
             max_batch_size=self.max_batch_size,
+            max_seq_len=self.max_seq_len,
             allocator=self.ledger.allocate,
+            seed=args.seed,
         )
-        self._generator = torch.Generator(device=loaded.device)
-        self._generator.manual_seed(args.seed)
-        self._requests: dict[str, _Request] = {}
+        self.eos_token_ids = loaded.eos_token_ids
+        self._groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self._stats = EngineStats()
-        self.eos_token_ids = loaded.eos_token_ids
+        self.published_stats = self.stats
+
+    def publish_stats(self) -> None:
+        """Refresh ``published_stats``, the snapshot other threads read (one reference)."""
+        self.published_stats = self.stats
 
     @property
     def stats(self) -> EngineStats:
-        return attrs.evolve(self._stats, num_preemptions=self.scheduler.num_preemptions)
+        """A fresh snapshot (call it on the engine's thread; others read ``published_stats``)."""
+        return attrs.evolve(
+            self._stats,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_running_seqs=self.scheduler.num_running_seqs,
+            num_running_requests=len(self.scheduler.running),
+            num_waiting_requests=len(self.scheduler.waiting),
+            num_free_kv_blocks=self.block_manager.num_free_blocks,
+            num_kv_blocks=self.num_kv_blocks,
+            prefix_cache_queries=self.block_manager.stats.num_queried_tokens,
+            prefix_cache_hits=self.block_manager.stats.num_hit_tokens,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        return len(self._groups)
 
     def add_request(
         self,
@@ -138,11 +140,9 @@ class Engine:
         prompt_token_ids: SequenceOf[int],
         params: SamplingParams,
         *,
-        prompt: str | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; ``prompt`` is its text, if it came as text (reported back only)."""
-        if request_id in self._requests:
+        if request_id in self._groups:
             raise RequestError(f"request id {request_id!r} is already running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
         params = self.check_request(prompt_ids, params)
@@ -154,20 +154,17 @@ class Engine:
                 prompt_token_ids=prompt_ids,
                 params=params,
                 arrival_time=arrival,
+                index=index,
+                generator=(
+                    None
+                    if params.seed is None
+                    else make_seeded_generator(params.seed + index, self.loaded.device)
+                ),
             )
-            for _ in range(params.n)
-        ]
-        generators: list[torch.Generator | None] = [
-            None
-            if params.seed is None
-            else make_seeded_generator(params.seed + i, self.loaded.device)
-            for i in range(params.n)
+            for index in range(params.n)
         ]
         group = SequenceGroup(request_id=request_id, seqs=seqs, params=params, arrival_time=arrival)
-        texts = [TextState(self.loaded.tokenizer, params) for _ in range(params.n)]
-        self._requests[request_id] = _Request(
-            prompt=prompt, group=group, texts=texts, generators=generators
-        )
+        self._groups[request_id] = group
         self.scheduler.add(group)
 
     def check_request(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
@@ -201,75 +198,83 @@ class Engine:
             )
         return params
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        request = self._requests.pop(request_id, None)
-        if request is None:
+    def abort(
+        self, request_id: str, indices: SequenceOf[int] | None = None
+    ) -> EngineCoreOutput | None:
+        """End the request (or only its outputs at ``indices``) with finish_reason ``abort``;
+        ``None`` when it is not running here."""
+        group = self._groups.get(request_id)
+        if group is None:
             return None
-        self.scheduler.abort(request_id)
-        for text in request.texts:
-            text.finish("abort")
-        return self._report(request)
+        if indices is None or all(seq.is_finished or seq.index in indices for seq in group.seqs):
+            self._groups.pop(request_id)
+            self.scheduler.abort(request_id)
+            deltas = tuple(
+                SequenceDelta(index=s.index, new_token_ids=(), finish_reason="abort")
+                for s in group.seqs
+            )
+            return EngineCoreOutput(request_id=request_id, deltas=deltas, finished=True)
+        for seq in group.seqs:
+            if seq.index in indices and not seq.is_finished:
+                seq.status = SequenceStatus.FINISHED
+        return None
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[EngineCoreOutput]:
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
-        logits = self.runner.execute(step)
+        sampled = self.runner.execute(step)
         self.scheduler.finish_step(step)
-        self._count(step)
+        outputs = self._update(sampled)
+        self._count(step, len(sampled))
+        return outputs
 
-        rows: list[SamplingRow] = []
-        row_seqs: list[Sequence] = []
-        row_logits: list[int] = []
-        for index, chunk in enumerate(c for c in step.chunks if c.samplers):
-            for seq in chunk.samplers:
-                request = self._requests[seq.request_id]
-                position = request.group.seqs.index(seq)
-                rows.append(
-                    SamplingRow(
-                        params=seq.params,
-                        prompt_token_ids=seq.prompt_token_ids,
-                        output_token_ids=seq.output_token_ids,
-                        generator=request.generators[position],
-                        eos_token_ids=self.eos_token_ids,
-                    )
-                )
-                row_seqs.append(seq)
-                row_logits.append(index)
-        touched: dict[str, _Request] = {}
-        if rows:
-            if len(row_logits) != logits.shape[0]:
-                logits = logits[torch.tensor(row_logits, device=logits.device)]
-            batch = prepare_sampling_batch(rows, logits.shape[1], logits.device)
-            sampled = sample(logits, batch, generator=self._generator)
-            for seq, token_id, logprobs in zip(
-                row_seqs, sampled.token_ids, sampled.logprobs, strict=True
-            ):
-                request = self._requests[seq.request_id]
-                text = request.texts[request.group.seqs.index(seq)]
-                if logprobs is not None:
-                    text.add_logprob(
-                        TokenLogprob(
-                            token_id=token_id,
-                            logprob=logprobs.logprob,
-                            top=tuple(
-                                zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True)
-                            ),
-                        )
-                    )
-                self._append_token(seq, token_id, text)
-                touched[seq.request_id] = request
-        finished = self.scheduler.free_finished()
-        for group in finished:
-            self._requests.pop(group.request_id, None)
-        self._stats = attrs.evolve(
-            self._stats,
-            num_generated_tokens=self._stats.num_generated_tokens + len(row_seqs),
-            num_finished_requests=self._stats.num_finished_requests + len(finished),
+    def _update(self, sampled: list[SampledToken]) -> list[EngineCoreOutput]:
+        deltas: dict[str, list[SequenceDelta]] = {}
+        for token in sampled:
+            deltas.setdefault(token.seq.request_id, []).append(self._append(token))
+        finished = {group.request_id for group in self.scheduler.free_finished()}
+        for request_id in finished:
+            self._groups.pop(request_id, None)
+        return [
+            EngineCoreOutput(
+                request_id=request_id,
+                deltas=tuple(request_deltas),
+                finished=request_id in finished,
+                num_cached_tokens=self._cached_tokens(request_id),
+            )
+            for request_id, request_deltas in deltas.items()
+        ]
+
+    def _cached_tokens(self, request_id: str) -> int:
+        group = self._groups.get(request_id)
+        return 0 if group is None else group.primary.num_cached_tokens
+
+    def _append(self, token: SampledToken) -> SequenceDelta:
+        seq, token_id = token.seq, token.token_id
+        params = seq.params
+        seq.append_token(token_id)
+        finish_reason: str | None = None
+        stop_token_id: int | None = None
+        if token_id in params.stop_token_ids:
+            finish_reason, stop_token_id = "stop", token_id
+        elif not params.ignore_eos and token_id in self.eos_token_ids:
+            finish_reason = "stop"
+        elif (
+            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
+        ) or seq.num_tokens >= self.max_seq_len:
+            finish_reason = "length"
+        if finish_reason is not None:
+            seq.status = SequenceStatus.FINISHED
+        return SequenceDelta(
+            index=seq.index,
+            new_token_ids=(token_id,),
+            new_logprobs=None if token.logprob is None else (token.logprob,),
+            finish_reason=finish_reason,
+            stop_token_id=stop_token_id,
         )
-        return [self._report(request) for request in touched.values()]
 
-    def _count(self, step: SchedulerStep) -> None:
+    def _count(self, step: SchedulerStep, num_sampled: int) -> None:
         prompt_tokens = partial = forked = 0
         for chunk in step.chunks:
             prompt_end = chunk.seq.num_prompt_tokens
@@ -278,46 +283,19 @@ class Engine:
             )
             partial += not chunk.samplers
             forked += len(chunk.samplers) > 1
+        stats = self._stats
         self._stats = attrs.evolve(
-            self._stats,
-            num_steps=self._stats.num_steps + 1,
-            num_prompt_tokens_computed=self._stats.num_prompt_tokens_computed + prompt_tokens,
-            num_partial_prefill_chunks=self._stats.num_partial_prefill_chunks + partial,
-            num_forked_sequences=self._stats.num_forked_sequences + forked,
+            stats,
+            num_steps=stats.num_steps + 1,
+            num_prompt_tokens_computed=stats.num_prompt_tokens_computed + prompt_tokens,
+            num_partial_prefill_chunks=stats.num_partial_prefill_chunks + partial,
+            num_forked_sequences=stats.num_forked_sequences + forked,
+            num_generated_tokens=stats.num_generated_tokens + num_sampled,
         )
 
-    def _append_token(self, seq: Sequence, token_id: int, text: TextState) -> None:
-        params = seq.params
-        seq.append_token(token_id)
-        is_stop_token = token_id in params.stop_token_ids
-        is_eos = not params.ignore_eos and token_id in self.eos_token_ids
-        past_min_tokens = seq.num_output_tokens >= params.min_tokens
-        text.add_token(
-            token_id,
-            render=not (is_stop_token or is_eos),
-            check_stop_strings=past_min_tokens,
-        )
-        if text.finish_reason is None:
-            if is_stop_token:
-                text.finish("stop", token_id)
-            elif is_eos:
-                text.finish("stop")
-            elif (
-                params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
-            ) or seq.num_tokens >= self.max_seq_len:
-                text.finish("length")
-        if text.finish_reason is not None:
-            seq.status = SequenceStatus.FINISHED
-
-    def _report(self, request: _Request) -> RequestOutput:
-        outputs = tuple(text.report(i) for i, text in enumerate(request.texts))
-        return RequestOutput(
-            request_id=request.group.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.group.primary.prompt_token_ids,
-            outputs=outputs,
-            finished=all(o.finished for o in outputs),
-            num_cached_tokens=request.group.primary.num_cached_tokens,
+    def count_finished(self, num_requests: int) -> None:
+        self._stats = attrs.evolve(
+            self._stats, num_finished_requests=self._stats.num_finished_requests + num_requests
         )
 
 

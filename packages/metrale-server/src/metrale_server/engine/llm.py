@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metrale_server.engine.args import EngineArgs
-from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.core import RequestError
+from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput
+from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
 
 PromptInput = str | Mapping[str, Any]
@@ -55,7 +57,9 @@ class LLM:
             order.append(request_id)
             text, token_ids = self._tokenize(prompt)
             try:
-                self.engine.add_request(request_id, token_ids, params, prompt=text)
+                self.engine.add_request(
+                    request_id, token_ids, params, prompt=text, kind=RequestOutputKind.FINAL_ONLY
+                )
             except RequestError as error:
                 results[request_id] = RequestOutput(
                     request_id=request_id,

@@ -1,20 +1,37 @@
-"""The model runner: a scheduler step in, flat tensors through the model, logits out."""
+"""The model runner: a scheduler step in, one forward pass and its sampling, tokens out."""
 
 from __future__ import annotations
 
+import attrs
 import torch
 
-from metrale_kernels import build_attention_metadata
+from metrale_kernels import AttentionMetadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
+from metrale_server.engine.block_table import PersistentBlockTable
 from metrale_server.engine.scheduler_step import SchedulerStep
+from metrale_server.engine.sequence import Sequence
+from metrale_server.output.outputs import TokenLogprob
+from metrale_server.sampling.penalty_state import PenaltyState
+from metrale_server.sampling.sampler import sample
+from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sampling_batch
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class SampledToken:
+    seq: Sequence
+    token_id: int
+    logprob: TokenLogprob | None = None
 
 
 class ModelRunner:
     """Owns the KV pool and the step arena (each allocated once) and runs steps over them.
 
-    ``execute`` returns one logits row per chunk that samples (in step order), float32. The
-    rows live in the arena's logits buffer: they are valid until the next ``execute``.
+    Contract of ``execute``: run the step's chunks through the model (K/V written into the
+    pool), sample one token for every sequence in a chunk's ``samplers`` (in step order) and
+    return them; it does not change any sequence. Host work per step is O(tokens in the step
+    + sequences in it): block tables live in a persistent arena tensor, one row per state slot,
+    updated only where a sequence gained (or copied) a block.
     """
 
     def __init__(
@@ -25,12 +42,16 @@ class ModelRunner:
         block_size: int,
         max_batch_tokens: int,
         max_batch_size: int,
+        max_seq_len: int,
         allocator: TensorAllocator = plain_allocator,
+        seed: int = 0,
     ) -> None:
         self.loaded = loaded
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = loaded.device
+        self.vocab_size = loaded.config.vocab_size
+        self.eos_token_ids = loaded.eos_token_ids
         self.kv_caches = allocate_kv_cache(
             loaded.config,
             num_blocks=num_blocks,
@@ -47,11 +68,17 @@ class ModelRunner:
                 max_batch_tokens=max_batch_tokens,
                 max_batch_size=max_batch_size,
                 dtype_bytes=loaded.dtype.itemsize,
+                max_seq_len=max_seq_len,
+                block_size=block_size,
             )
         }
         self._input_ids = arena["input_ids"]
         self._positions = arena["positions"]
+        self._slot_mapping = arena["slot_mapping"]
         self._logits = arena["logits"]
+        self.block_tables = PersistentBlockTable(arena["block_tables"])
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(seed)
 
     def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         if not copies:
@@ -62,40 +89,116 @@ class ModelRunner:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
-    def prepare_inputs(self, step: SchedulerStep) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Token ids and positions (views of the arena), and the flat index of each sampling
-        chunk's last token."""
+    def prepare_inputs(
+        self, step: SchedulerStep
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Token ids and positions (views of the arena), the attention metadata, and the flat
+        index of each sampling chunk's last token."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
+        rows: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
         for chunk in step.chunks:
-            end = chunk.start + chunk.num_new_tokens
-            token_ids += chunk.seq.token_ids[chunk.start : end]
-            positions += range(chunk.start, end)
+            seq, start = chunk.seq, chunk.start
+            end = start + chunk.num_new_tokens
+            if chunk.num_new_tokens == 1:
+                token_ids.append(seq.token_ids[start])
+                positions.append(start)
+            else:
+                token_ids += seq.token_ids[start:end]
+                positions += range(start, end)
             if chunk.samplers:
                 logits_indices.append(len(token_ids) - 1)
+            rows.append(self.block_tables.sync(seq))
+            query_lens.append(chunk.num_new_tokens)
+            seq_lens.append(end)
+        self.block_tables.flush()
         num_tokens = len(token_ids)
         input_ids = self._input_ids[:num_tokens]
         input_ids.copy_(torch.tensor(token_ids, dtype=torch.int64))
         position_ids = self._positions[:num_tokens]
         position_ids.copy_(torch.tensor(positions, dtype=torch.int64))
-        return input_ids, position_ids, logits_indices
+        device = self.device
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        query_lens_t = torch.tensor(query_lens, dtype=torch.int64, device=device)
+        width = -(-max(seq_lens) // self.block_size)
+        tables = self.block_tables.table.index_select(0, rows_t)[:, :width]
+        token_rows = torch.repeat_interleave(torch.arange(len(rows), device=device), query_lens_t)
+        blocks = tables[token_rows, position_ids // self.block_size]
+        slot_mapping = self._slot_mapping[:num_tokens]
+        torch.add(position_ids % self.block_size, blocks, alpha=self.block_size, out=slot_mapping)
+        query_start_loc = torch.zeros(len(rows) + 1, dtype=torch.int64, device=device)
+        torch.cumsum(query_lens_t, 0, out=query_start_loc[1:])
+        metadata = AttentionMetadata(
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+            block_tables=tables,
+            query_lens=tuple(query_lens),
+            seq_lens=tuple(seq_lens),
+            block_size=self.block_size,
+        )
+        return input_ids, position_ids, metadata, logits_indices
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerStep) -> torch.Tensor:
+    def forward(self, step: SchedulerStep) -> torch.Tensor:
+        """One logits row per chunk that samples (in step order), float32. The rows live in
+        the arena's logits buffer: they are valid until the next call."""
         self.copy_blocks(step.block_copies)
-        input_ids, positions, logits_indices = self.prepare_inputs(step)
-        metadata = build_attention_metadata(
-            block_tables=[chunk.seq.block_table for chunk in step.chunks],
-            seq_lens=[chunk.start + chunk.num_new_tokens for chunk in step.chunks],
-            query_lens=[chunk.num_new_tokens for chunk in step.chunks],
-            block_size=self.block_size,
-            device=self.device,
-        )
+        input_ids, positions, metadata, logits_indices = self.prepare_inputs(step)
         hidden: torch.Tensor = self.loaded.model(input_ids, positions, self.kv_caches, metadata)
         if not logits_indices:
-            return hidden.new_empty((0, self.loaded.config.vocab_size), dtype=torch.float32)
+            return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)
         out = self._logits[: len(logits_indices)]
         logits: torch.Tensor = self.loaded.model.compute_logits(hidden[index], out=out)
         return logits.float()
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerStep) -> list[SampledToken]:
+        logits = self.forward(step)
+        samplers: list[Sequence] = []
+        row_logits: list[int] = []
+        for index, chunk in enumerate(c for c in step.chunks if c.samplers):
+            samplers += chunk.samplers
+            row_logits += [index] * len(chunk.samplers)
+        if not samplers:
+            return []
+        if len(row_logits) != logits.shape[0]:
+            logits = logits[torch.tensor(row_logits, device=logits.device)]
+        rows = [self._sampling_row(seq) for seq in samplers]
+        batch = prepare_sampling_batch(rows, logits.shape[1], logits.device)
+        sampled = sample(logits, batch, generator=self._generator)
+        return [
+            SampledToken(
+                seq=seq,
+                token_id=token_id,
+                logprob=(
+                    None
+                    if logprobs is None
+                    else TokenLogprob(
+                        token_id=token_id,
+                        logprob=logprobs.logprob,
+                        top=tuple(zip(logprobs.top_token_ids, logprobs.top_logprobs, strict=True)),
+                    )
+                ),
+            )
+            for seq, token_id, logprobs in zip(
+                samplers, sampled.token_ids, sampled.logprobs, strict=True
+            )
+        ]
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        if seq.penalty is None and has_penalty(seq.params):
+            seq.penalty = PenaltyState(
+                seq.prompt_token_ids, seq.output_token_ids, self.vocab_size, self.device
+            )
+        return SamplingRow(
+            params=seq.params,
+            num_output_tokens=seq.num_output_tokens,
+            penalty=seq.penalty,
+            generator=seq.generator,
+            eos_token_ids=self.eos_token_ids,
+        )

@@ -10,6 +10,7 @@ from metrale_server.engine.block_manager import BlockManager
 from metrale_server.engine.scheduler_step import ScheduledChunk, SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
 from metrale_server.engine.sequence_group import SequenceGroup
+from metrale_server.engine.state_slots import StateSlots
 
 
 @attrs.frozen(kw_only=True)
@@ -35,12 +36,19 @@ class Scheduler:
     slots, the budget has tokens and the pool has blocks (the queue head is never skipped).
     When a running sequence cannot get its slots, the most recently admitted group is
     preempted (all its blocks freed, its tokens recomputed later) and goes back to the front
-    of the queue. The caller applies the step's results with ``finish_step``.
+    of the queue. The caller applies the step's results with ``finish_step``. A sequence holds
+    a state slot exactly while it holds blocks.
     """
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        slots: StateSlots | None = None,
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.slots = StateSlots(config.max_batch_size) if slots is None else slots
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
@@ -62,7 +70,7 @@ class Scheduler:
                 if group.request_id == request_id:
                     queue.remove(group)
                     for seq in group.seqs:
-                        self.block_manager.free(seq)
+                        self._free(seq)
                         seq.status = SequenceStatus.FINISHED
                     return group
         return None
@@ -140,8 +148,8 @@ class Scheduler:
         done: list[SequenceGroup] = []
         for group in list(self.running):
             for seq in group.seqs:
-                if seq.is_finished and seq.block_table:
-                    self.block_manager.free(seq)
+                if seq.is_finished and (seq.block_table or seq.slot is not None):
+                    self._free(seq)
             if group.is_finished:
                 self.running.remove(group)
                 done.append(group)
@@ -156,6 +164,7 @@ class Scheduler:
             if not group.is_forked and len(group.seqs) > 1:
                 for sibling in group.seqs[1:]:
                     self.block_manager.fork(seq, sibling)
+                    self.slots.assign(sibling)
                     sibling.status = SequenceStatus.RUNNING
                 group.is_forked = True
                 samplers = tuple(group.seqs)
@@ -167,20 +176,25 @@ class Scheduler:
         for seq in group.unfinished_seqs():
             if not self.block_manager.can_allocate(seq):
                 for done in allocated:
-                    self.block_manager.free(done)
+                    self._free(done)
                     done.num_computed_tokens = done.num_cached_tokens = 0
                 return False
             self.block_manager.allocate(seq)
+            self.slots.assign(seq)
             allocated.append(seq)
         return True
 
     def _preempt(self, group: SequenceGroup) -> None:
         self.running.remove(group)
         for seq in group.unfinished_seqs():
-            self.block_manager.free(seq)
+            self._free(seq)
             seq.num_computed_tokens = 0
             seq.num_cached_tokens = 0
             seq.status = SequenceStatus.WAITING
             seq.num_preemptions += 1
         self.waiting.appendleft(group)
         self.num_preemptions += 1
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        self.slots.release(seq)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 
 import attrs
+import torch
 
 from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.penalty_state import PenaltyState
 
 
 class SequenceStatus(enum.Enum):
@@ -22,6 +24,10 @@ class Sequence:
     ``token_ids`` is prompt then output. The first ``num_computed_tokens`` tokens have their
     K/V in the pool (in the blocks of ``block_table``); the rest still have to run through the
     model. ``num_cached_tokens`` of the prompt came from the prefix cache at admission.
+    ``index`` is the output's place among its request's ``n``. While it holds blocks the
+    sequence also holds a state slot (``slot``; ``slot_ticket`` is new at every assignment, so
+    whoever keeps per-slot state knows when to reset it). ``generator`` is the seeded
+    request's own; ``penalty`` is built on first use and then updated one token at a time.
     """
 
     seq_id: int
@@ -29,12 +35,17 @@ class Sequence:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     arrival_time: float
+    index: int = 0
+    generator: torch.Generator | None = None
     token_ids: list[int] = attrs.field(init=False)
     block_table: list[int] = attrs.field(factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
+    slot: int | None = None
+    slot_ticket: int = 0
+    penalty: PenaltyState | None = None
 
     def __attrs_post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -65,6 +76,8 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        if self.penalty is not None:
+            self.penalty.add_output_token(token_id)
 
     def __repr__(self) -> str:
         # Never prints token ids: a prompt must not reach a log through a repr.

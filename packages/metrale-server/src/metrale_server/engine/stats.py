@@ -1,4 +1,8 @@
-"""Counters the engine keeps, and the frozen snapshot it hands out."""
+"""``EngineStats``: the engine core's counters and gauges, as one frozen snapshot.
+
+The engine thread replaces the snapshot after every step; readers on other threads (``/metrics``,
+the dashboard) read one reference and never touch the scheduler or block manager.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import attrs
 
 @attrs.frozen(kw_only=True)
 class EngineStats:
-    """Totals since the engine started."""
+    """Totals since the engine started, and the gauges of the last step."""
 
     num_steps: int = 0
     num_prompt_tokens_computed: int = 0
@@ -16,3 +20,16 @@ class EngineStats:
     num_forked_sequences: int = 0
     num_preemptions: int = 0
     num_finished_requests: int = 0
+    num_running_seqs: int = 0
+    num_running_requests: int = 0
+    num_waiting_requests: int = 0
+    num_free_kv_blocks: int = 0
+    num_kv_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        if not self.num_kv_blocks:
+            return 0.0
+        return 1.0 - self.num_free_kv_blocks / self.num_kv_blocks

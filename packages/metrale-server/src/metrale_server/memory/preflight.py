@@ -19,7 +19,7 @@ from metrale_model_arch.memory import (
     paged_indexer_bytes_per_token,
     plan_memory,
 )
-from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
 from metrale_server.memory.host_memory import host_total_memory_bytes
 
 MIB = 2**20
@@ -46,6 +46,14 @@ def indexer_paged() -> bool:
     return not read_bool_lever("METRALE_GLM_DSA_INDEXER_FLAT")
 
 
+def kv_cache_max_bytes(args: EngineArgs, device: torch.device) -> int | None:
+    """``--kv-cache-memory-gib`` in bytes; unset, 4 GiB on the CPU and no cap on CUDA."""
+    gib = args.kv_cache_memory_gib
+    if gib is None and device.type == "cpu":
+        gib = CPU_KV_CACHE_DEFAULT_GIB
+    return None if gib is None else int(gib * GIB)
+
+
 def plan_inputs(
     args: EngineArgs,
     config: ModelConfig,
@@ -64,6 +72,7 @@ def plan_inputs(
         max_batch_size=args.max_batch_size,
         max_batch_tokens=args.max_batch_tokens,
         num_kv_blocks=args.num_kv_blocks,
+        kv_cache_max_bytes=kv_cache_max_bytes(args, device),
         spec_on=False,
         indexer_paged=indexer_paged(),
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from metrale_bench.benchmarks.default_tier_boot import MemoryReport
-from metrale_server.engine.core import Engine
+from metrale_bench.wire import MemoryReport
+from metrale_server.engine.engine import Engine
 from metrale_server.memory.host_memory import (
     mem_available_at_start_bytes,
     mem_available_bytes,

@@ -16,9 +16,14 @@ class TokenLogprob:
 
 @attrs.frozen(kw_only=True)
 class CompletionOutput:
-    """One of a request's ``n`` outputs, cumulative so far.
+    """One of a request's ``n`` outputs.
 
-    ``delta_text`` / ``delta_token_ids`` are what is new since this output was last reported.
+    ``delta_text`` / ``delta_token_ids`` / ``delta_logprobs`` are what is new since this output
+    was last reported; ``num_tokens`` counts every token so far. ``text``, ``token_ids`` and
+    ``logprobs`` are cumulative when ``is_cumulative`` — always in a finished output, and in
+    every output of a request asked for with ``RequestOutputKind.CUMULATIVE``; a streamed
+    (``DELTA``) request's unfinished outputs leave them empty, so no step copies a long
+    output. ``logprobs`` / ``delta_logprobs`` are ``None`` when none were asked for.
     ``finish_reason`` is ``None`` while running, then ``stop``, ``length`` or ``abort``;
     ``stop_reason`` names the stop string or stop token id that ended it, if one did.
     """
@@ -26,12 +31,19 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: tuple[int, ...]
+    num_tokens: int = attrs.field()
     delta_text: str = ""
     delta_token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] | None = None
+    delta_logprobs: tuple[TokenLogprob, ...] | None = None
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    is_cumulative: bool = True
+
+    @num_tokens.default
+    def _num_tokens_default(self) -> int:
+        return len(self.token_ids)
 
     @property
     def finished(self) -> bool:

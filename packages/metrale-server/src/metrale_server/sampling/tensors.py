@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.penalty_state import PenaltyState
 
 
 def make_seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -26,29 +27,31 @@ class SamplingRow:
     on the logits' device); unseeded rows leave it ``None``. ``eos_token_ids`` are the model's
     end-of-sequence ids: while fewer than ``params.min_tokens`` tokens were generated, they
     (unless ``params.ignore_eos``) and ``params.stop_token_ids`` cannot be sampled.
+    ``penalty`` is the sequence's penalty state, required when ``params`` has a penalty.
     """
 
     params: SamplingParams
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
+    num_output_tokens: int = 0
+    penalty: PenaltyState | None = None
     generator: torch.Generator | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
             raise ValueError("a request with a seed needs its generator (make_seeded_generator)")
+        if self.penalty is None and has_penalty(self.params):
+            raise ValueError("a request with a penalty needs its PenaltyState")
 
     @property
     def suppressed_token_ids(self) -> tuple[int, ...]:
-        if len(self.output_token_ids) >= self.params.min_tokens:
+        if self.num_output_tokens >= self.params.min_tokens:
             return ()
         eos_token_ids = () if self.params.ignore_eos else self.eos_token_ids
         return (*eos_token_ids, *self.params.stop_token_ids)
 
     def __repr__(self) -> str:
         return (
-            f"SamplingRow(prompt_tokens={len(self.prompt_token_ids)}, "
-            f"output_tokens={len(self.output_token_ids)}, "
+            f"SamplingRow(output_tokens={self.num_output_tokens}, "
             f"is_seeded={self.generator is not None})"
         )
 
@@ -219,7 +222,7 @@ def _prepare_suppressed_tokens(
     )
 
 
-def _has_penalty(params: SamplingParams) -> bool:
+def has_penalty(params: SamplingParams) -> bool:
     return (
         params.repetition_penalty != 1.0
         or params.frequency_penalty != 0.0
@@ -227,13 +230,10 @@ def _has_penalty(params: SamplingParams) -> bool:
     )
 
 
-def _prepare_penalties(
-    rows: Sequence[SamplingRow], vocab_size: int, device: torch.device
-) -> PenaltyTensors | None:
-    penalized = [(index, row) for index, row in enumerate(rows) if _has_penalty(row.params)]
+def _prepare_penalties(rows: Sequence[SamplingRow], device: torch.device) -> PenaltyTensors | None:
+    penalized = [(index, row) for index, row in enumerate(rows) if has_penalty(row.params)]
     if not penalized:
         return None
-    num_rows = len(penalized)
     values = torch.tensor(
         [
             (
@@ -245,33 +245,26 @@ def _prepare_penalties(
         ],
         dtype=torch.float32,
     ).to(device)
-    seen_tokens = [
-        (position, [*row.prompt_token_ids, *row.output_token_ids])
-        for position, (_, row) in enumerate(penalized)
-        if row.params.repetition_penalty != 1.0
-    ]
-    seen_token_mask = None
-    if seen_tokens:
-        seen_token_mask = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
-        seen_token_mask[_flat_row_tokens(seen_tokens, device)] = True
-    output_tokens = [
-        (position, row.output_token_ids)
-        for position, (_, row) in enumerate(penalized)
-        if row.params.frequency_penalty != 0.0 or row.params.presence_penalty != 0.0
-    ]
-    output_token_counts = None
-    if output_tokens:
-        output_token_counts = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
-        indices = _flat_row_tokens(output_tokens, device)
-        ones = torch.ones(indices[0].shape, dtype=torch.float32, device=device)
-        output_token_counts.index_put_(indices, ones, accumulate=True)
+    states = [row.penalty for _, row in penalized]
+    assert all(state is not None for state in states)
+    is_repetition_used = any(row.params.repetition_penalty != 1.0 for _, row in penalized)
+    is_count_used = any(
+        row.params.frequency_penalty != 0.0 or row.params.presence_penalty != 0.0
+        for _, row in penalized
+    )
     return PenaltyTensors(
         row_indices=torch.tensor([index for index, _ in penalized], dtype=torch.int64).to(device),
         repetition_penalties=values[:, 0],
         frequency_penalties=values[:, 1],
         presence_penalties=values[:, 2],
-        seen_token_mask=seen_token_mask,
-        output_token_counts=output_token_counts,
+        seen_token_mask=(
+            torch.stack([s.seen for s in states if s is not None]) if is_repetition_used else None
+        ),
+        output_token_counts=(
+            torch.stack([s.output_counts for s in states if s is not None])
+            if is_count_used
+            else None
+        ),
     )
 
 
@@ -331,9 +324,9 @@ def prepare_sampling_batch(
 ) -> SamplingBatch:
     """Build one step's sampling tensors; Python work is O(rows + their tokens + biases).
 
-    Token ids are only read for rows that use a penalty (and min_tokens stop ids for rows
-    still under ``min_tokens``). ``logit_bias`` ids outside ``0..vocab_size-1`` raise
-    ``ValueError``.
+    Penalties come from each row's ``PenaltyState`` (O(vocab) a penalized row); min_tokens
+    stop ids are read only for rows still under ``min_tokens``. ``logit_bias`` ids outside
+    ``0..vocab_size-1`` raise ``ValueError``.
     """
     if not rows:
         raise ValueError("a sampling batch needs at least one row")
@@ -345,7 +338,7 @@ def prepare_sampling_batch(
         vocab_size=vocab_size,
         logit_bias=_prepare_logit_bias(rows, vocab_size, device),
         suppressed_tokens=_prepare_suppressed_tokens(rows, vocab_size, device),
-        penalties=_prepare_penalties(rows, vocab_size, device),
+        penalties=_prepare_penalties(rows, device),
         random=_prepare_random(rows, vocab_size, device),
         num_logprobs=num_logprobs,
         logprob_row_indices=(

@@ -13,7 +13,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from metrale_server.engine.core import Engine, RequestError
+from metrale_server.engine.core import RequestError
+from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import SamplingParams
 
 Message = Mapping[str, str]

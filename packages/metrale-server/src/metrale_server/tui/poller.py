@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from metrale_bench.benchmarks.default_tier_boot import MemoryReport, MemoryReportError
+from metrale_bench.wire import MemoryReport, MemoryReportError
 from metrale_server.api.recent_requests import FinishedRequest
 from metrale_server.tui.metrics_reading import MetricsReading
 from metrale_server.tui.snapshot import (

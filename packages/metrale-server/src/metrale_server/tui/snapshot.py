@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from metrale_bench.benchmarks.default_tier_boot import MemoryReport
+from metrale_bench.wire import MemoryReport
 from metrale_server.api.recent_requests import FinishedRequest
 from metrale_server.tui.metrics_reading import MetricsReading
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from metrale_server import (
     RequestOutput,
     SamplingParams,
 )
+from metrale_server.engine.core_output import EngineCoreOutput
+from metrale_server.output.processor import ProcessedOutputs
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +109,19 @@ def test_a_request_that_can_never_fit_is_refused_at_once(engine: Engine) -> None
     asyncio.run(main())
 
 
-def test_engine_runs_on_its_own_thread(engine: Engine) -> None:
+def test_engine_core_runs_on_its_own_thread_and_text_on_the_loop(engine: Engine) -> None:
     seen: list[str] = []
-    original = engine.step
+    processed: list[str] = []
+    original = engine.core.step
+    original_process = engine.processor.process
 
-    def recording_step() -> list[RequestOutput]:
+    def recording_step() -> list[EngineCoreOutput]:
         seen.append(threading.current_thread().name)
         return original()
+
+    def recording_process(outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:
+        processed.append(threading.current_thread().name)
+        return original_process(outputs)
 
     async def main() -> None:
         async_engine = AsyncEngine(engine)
@@ -121,10 +130,14 @@ def test_engine_runs_on_its_own_thread(engine: Engine) -> None:
         finally:
             async_engine.shutdown()
 
-    engine.step = recording_step  # type: ignore[method-assign]
+    engine.core.step = recording_step  # type: ignore[method-assign]
+    engine.processor.process = recording_process  # type: ignore[method-assign]
     try:
         asyncio.run(main())
     finally:
-        del engine.step
+        del engine.core.step
+        del engine.processor.process
     assert seen
     assert set(seen) == {"metrale-engine"}
+    assert processed
+    assert set(processed) == {threading.main_thread().name}

@@ -21,7 +21,8 @@ from metrale_server.memory.preflight import plan_engine_memory
 GIB = 2**30
 CPU = torch.device("cpu")
 FLAT_LEVER = "METRALE_GLM_DSA_INDEXER_FLAT"
-GLM_FITS = ["--device", "cuda", "--device-memory-gib", "1200"]
+# 8 slots: the hand-computed per-sequence figures below are for 8 sequences.
+GLM_FITS = ["--device", "cuda", "--device-memory-gib", "1200", "--max-batch-size", "8"]
 # transformers' default GLM-5.3: 45 layers, one in four (11) DSA ("indexed_attention"), MLA with
 # kv_lora_rank 512 and no decoupled RoPE key, index_head_dim 128, index_kpool 16.
 NUM_DSA_LAYERS = 11

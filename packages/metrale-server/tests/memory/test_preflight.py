@@ -152,7 +152,7 @@ def test_the_pool_is_clamped_to_what_the_slots_can_use(tiny_model_dir: Path) -> 
 
 
 def test_the_boot_log_has_a_line_per_owner_and_the_kv_line(tiny_model_dir: Path) -> None:
-    plan = tiny_plan(tiny_model_dir)
+    plan = tiny_plan(tiny_model_dir, max_batch_size=8)
     config = ModelConfig.from_hf_config(tiny_model_dir)
     lines = plan_log_lines(plan, config)
     for start in (

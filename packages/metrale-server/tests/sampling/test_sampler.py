@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.sampling.sampler import SamplerOutput, sample
 from metrale_server.sampling.tensors import (
     SamplingRow,
+    has_penalty,
     make_seeded_generator,
     prepare_sampling_batch,
 )
@@ -28,13 +30,17 @@ def make_row(
     prompt: Sequence[int] = (0,),
     output: Sequence[int] = (),
     eos_token_ids: tuple[int, ...] = (),
+    vocab_size: int = 1000,
 ) -> SamplingRow:
     params = params or SamplingParams()
     generator = None if params.seed is None else make_seeded_generator(params.seed, "cpu")
+    penalty = None
+    if has_penalty(params):
+        penalty = PenaltyState(prompt, output, vocab_size, torch.device("cpu"))
     return SamplingRow(
         params=params,
-        prompt_token_ids=prompt,
-        output_token_ids=output,
+        num_output_tokens=len(output),
+        penalty=penalty,
         generator=generator,
         eos_token_ids=eos_token_ids,
     )
@@ -56,8 +62,9 @@ def draw_many(logits_row: torch.Tensor, params: SamplingParams, num_rows: int) -
 def processed_logprobs(logits_row: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     """The row's processed log-probabilities over the whole (≤ 20-token) vocabulary."""
     vocab_size = logits_row.shape[0]
-    asking = make_row(
-        SamplingParams(
+    asking = attrs.evolve(
+        row,
+        params=SamplingParams(
             temperature=0.0,
             logprobs=vocab_size,
             repetition_penalty=row.params.repetition_penalty,
@@ -68,9 +75,6 @@ def processed_logprobs(logits_row: torch.Tensor, row: SamplingRow) -> torch.Tens
             stop_token_ids=row.params.stop_token_ids,
             ignore_eos=row.params.ignore_eos,
         ),
-        prompt=row.prompt_token_ids,
-        output=row.output_token_ids,
-        eos_token_ids=row.eos_token_ids,
     )
     entry = run(logits_row[None], [asking]).logprobs[0]
     assert entry is not None
@@ -165,14 +169,14 @@ PENALTY_LOGITS = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 0.0])
 def test_penalties_match_hand_computed_logits(
     params: SamplingParams, expected_logits: list[float]
 ) -> None:
-    row = make_row(params, prompt=(0, 1), output=(1, 3, 3))
+    row = make_row(params, prompt=(0, 1), output=(1, 3, 3), vocab_size=6)
     expected = torch.tensor(expected_logits).log_softmax(dim=-1)
     torch.testing.assert_close(processed_logprobs(PENALTY_LOGITS, row), expected)
 
 
 def test_a_penalty_changes_the_greedy_choice() -> None:
     greedy = SamplingParams(temperature=0.0, frequency_penalty=1.0)
-    output = run(PENALTY_LOGITS[None], [make_row(greedy, output=(3, 3))])
+    output = run(PENALTY_LOGITS[None], [make_row(greedy, output=(3, 3), vocab_size=6)])
     assert output.token_ids == (0,)  # token 3: 3.0 - 2 × 1.0 < 2.0
 
 
@@ -354,7 +358,7 @@ def test_rows_not_asking_for_logprobs_get_none() -> None:
 def test_the_input_logits_are_never_modified(dtype: torch.dtype, params: SamplingParams) -> None:
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(8)).to(dtype)
     before = logits.clone()
-    output = run(logits, [make_row(params, output=(3, 4))] * 4)
+    output = run(logits, [make_row(params, output=(3, 4), vocab_size=100)] * 4)
     assert torch.equal(logits, before)
     assert all(0 <= token_id < 100 for token_id in output.token_ids)
 
@@ -365,6 +369,8 @@ def test_invalid_inputs_are_rejected() -> None:
     with pytest.raises(ValueError, match="logit_bias"):
         run(torch.zeros(1, 10), [make_row(SamplingParams(logit_bias={10: 1.0}))])
     with pytest.raises(ValueError, match="generator"):
-        SamplingRow(params=SamplingParams(seed=1), prompt_token_ids=(1,), output_token_ids=())
+        SamplingRow(params=SamplingParams(seed=1))
+    with pytest.raises(ValueError, match="PenaltyState"):
+        SamplingRow(params=SamplingParams(presence_penalty=1.0))
     with pytest.raises(ValueError, match="at least one row"):
         prepare_sampling_batch([], 10, "cpu")

@@ -117,7 +117,7 @@ def test_an_engine_in_this_process_streams_replies(tiny_model_dir: Path) -> None
     backend = EngineChatBackend(engine, model_name="tiny", max_tokens=6, temperature=0.0)
     pieces = list(backend.stream_reply([{"role": "user", "content": "hello"}]))
     assert pieces
-    assert engine.num_unfinished_requests == 0
+    assert engine.core.num_unfinished_requests == 0
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
     out = io.StringIO()
     assert run_chat(backend, read_line=scripted("hello", "/help", "/nope"), out=out) == 0

@@ -254,11 +254,12 @@ def test_ledger_equals_plan_by_owner(
     blocks_per_seq = MAX_SEQ_LEN // BLOCK_SIZE
     assert engine.num_kv_blocks == MAX_BATCH_SIZE * blocks_per_seq  # this machine has room
     assert allocated[KV_POOL] == engine.num_kv_blocks * BLOCK_SIZE * plan.kv_bytes_per_token
-    kv_tensor_bytes = sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_caches)
+    kv_tensor_bytes = sum(k.nbytes + v.nbytes for k, v in engine.core.runner.kv_caches)
     assert kv_tensor_bytes == allocated[KV_POOL]
     vocab = config.vocab_size
-    assert (
-        allocated[BUFFER_ARENA] == 2 * MAX_BATCH_TOKENS * 8 + MAX_BATCH_SIZE * vocab * dtype_bytes
+    # ids, positions and KV slots per token; a block-table row and a logits row per slot
+    assert allocated[BUFFER_ARENA] == (
+        3 * MAX_BATCH_TOKENS * 8 + MAX_BATCH_SIZE * (blocks_per_seq * 8 + vocab * dtype_bytes)
     )
     assert allocated[ROPE_TABLE] == MAX_SEQ_LEN * HEAD_DIM * 4
     assert RUNTIME_HEADROOM not in allocated

@@ -1,0 +1,114 @@
+"""``Engine``: the engine core and an output processor stepped together on one thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from metrale_model_arch import LoadedModel
+from metrale_model_arch.memory import MemoryPlan
+from metrale_server.engine.args import EngineArgs
+from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.core import EngineCore
+from metrale_server.engine.scheduler import Scheduler
+from metrale_server.engine.stats import EngineStats
+from metrale_server.memory.ledger import MemoryLedger
+from metrale_server.output.outputs import RequestOutput
+from metrale_server.output.processor import OutputProcessor, RequestOutputKind
+from metrale_server.sampling.params import SamplingParams
+
+
+class Engine:
+    """Offline driving of an ``EngineCore``: ``step`` runs the core, then turns its token ids
+    into ``RequestOutput``s and aborts the outputs a stop string ended.
+
+    Contract: ``add_request`` validates and queues (or raises ``RequestError``, changing
+    nothing); ``step`` returns an output for every request that produced tokens or finished
+    (cumulative by default; see ``RequestOutputKind``); ``abort`` frees everything a request
+    holds. Not thread-safe (``AsyncEngine`` runs the core on its own thread instead).
+    """
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        loaded: LoadedModel | None = None,
+        *,
+        plan: MemoryPlan | None = None,
+        ledger: MemoryLedger | None = None,
+    ) -> None:
+        self.core = EngineCore(args, loaded, plan=plan, ledger=ledger)
+        self.processor = OutputProcessor(self.core.loaded.tokenizer, self.core.eos_token_ids)
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.core.loaded
+
+    @property
+    def args(self) -> EngineArgs:
+        return self.core.args
+
+    @property
+    def plan(self) -> MemoryPlan:
+        return self.core.plan
+
+    @property
+    def ledger(self) -> MemoryLedger:
+        return self.core.ledger
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.core.eos_token_ids
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.core.max_seq_len
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.core.max_batch_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.core.num_kv_blocks
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.core.block_manager
+
+    def check_request(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
+        return self.core.check_request(prompt, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+        kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+    ) -> None:
+        """Queue a request; ``prompt`` is its text, if it came as text (reported back only)."""
+        self.core.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time)
+        self.processor.add_request(request_id, prompt, prompt_token_ids, params, kind)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        self.core.abort(request_id)
+        return self.processor.abort(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        processed = self.processor.process(self.core.step())
+        for request_id, indices in processed.stopped:
+            self.core.abort(request_id, indices)
+        self.core.count_finished(sum(output.finished for output in processed.outputs))
+        return processed.outputs
