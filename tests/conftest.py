@@ -82,3 +82,75 @@ def save_tiny_llama(path: Path, tokenizer: Tokenizer, max_positions: int) -> Non
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+
+
+# model_type -> (transformers config class, model class, config fields beyond the shared ones)
+TINY_MOE_FAMILIES: dict[str, tuple[str, str, dict[str, object]]] = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "head_dim": 16,
+            "intermediate_size": 96,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+            "tie_word_embeddings": True,
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            "intermediate_size": 48,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_factory(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
+) -> Callable[[str], Path]:
+    """Saves (once per model type in ``TINY_MOE_FAMILIES``) a 2-layer random MoE model over
+    SmolLM2's vocabulary with that tokenizer; every parameter is random, norms included."""
+    saved: dict[str, Path] = {}
+
+    def tiny_moe_dir(model_type: str) -> Path:
+        if model_type in saved:
+            return saved[model_type]
+        import torch
+        import transformers
+
+        config_name, model_name, extra = TINY_MOE_FAMILIES[model_type]
+        path = tmp_path_factory.mktemp(f"tiny-{model_type}")
+        config = getattr(transformers, config_name)(
+            vocab_size=default_tokenizer.vocab_size,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rms_norm_eps=1e-5,
+            bos_token_id=default_tokenizer.bos_token_id,
+            eos_token_id=default_tokenizer.eos_token_id,
+            **extra,
+        )
+        model = getattr(transformers, model_name)(config)
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                noise = torch.randn(param.shape, generator=generator)
+                param.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+        model.save_pretrained(path, safe_serialization=True)
+        default_tokenizer.save(path)
+        saved[model_type] = path
+        return path
+
+    return tiny_moe_dir

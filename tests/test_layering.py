@@ -1,4 +1,5 @@
-"""Each package imports only the layers DESIGN.md allows, and declares the siblings it imports."""
+"""Each package imports only the layers DESIGN.md allows, declares the siblings it imports,
+and has no import cycle among its own modules."""
 
 from __future__ import annotations
 
@@ -76,3 +77,121 @@ def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
     imports = imported_top_levels(tmp_path, root=tmp_path)
     assert imports["torch"] == {"bad.py"}
     assert imports["metrale_server"] == {"bad.py"}
+
+
+def module_names(source_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under a ``src`` directory."""
+    modules: dict[str, Path] = {}
+    for path in sorted(source_dir.rglob("*.py")):
+        parts = path.relative_to(source_dir).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def module_level_imports(statements: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: not in functions, not ``if TYPE_CHECKING``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in statements:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                found += module_level_imports(node.body)
+            found += module_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                found += module_level_imports(block)
+            for handler in node.handlers:
+                found += module_level_imports(handler.body)
+        elif isinstance(node, ast.With | ast.ClassDef):
+            found += module_level_imports(node.body)
+    return found
+
+
+def import_graph(source_dir: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same source tree it imports at module level.
+
+    ``from pkg import name`` points at ``pkg.name`` when that is a module, else at ``pkg``;
+    relative imports are resolved against the importing module's package.
+    """
+    modules = module_names(source_dir)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        package = name if is_package else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in module_level_imports(tree.body):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    targets.append(submodule if submodule in modules else base)
+            graph[name] |= {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or ``None`` when the graph has none."""
+    done: set[str] = set()
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def visit(module: str) -> list[str] | None:
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target in on_stack:
+                return [*stack[stack.index(target) :], target]
+            if target not in done and (cycle := visit(target)) is not None:
+                return cycle
+        stack.pop()
+        on_stack.discard(module)
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if module not in done and (cycle := visit(module)) is not None:
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_package_has_no_import_cycle(package: str) -> None:
+    cycle = find_cycle(import_graph(ROOT / "packages" / package / "src"))
+    assert cycle is None, f"{package} has an import cycle: {' -> '.join(cycle)}"
+
+
+def test_cycle_checker_resolves_relative_imports_and_skips_deferred_ones(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg.a import A\n")
+    (pkg / "a.py").write_text("from .sub import b\nA = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.a import A\n"
+        "def f():\n    from ..a import A\n"
+    )
+    assert import_graph(tmp_path) == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.sub.b"},
+        "pkg.sub": set(),
+        "pkg.sub.b": set(),
+    }
+    assert find_cycle(import_graph(tmp_path)) is None
+    (pkg / "sub" / "b.py").write_text("try:\n    from .. import a\nexcept ImportError:\n    pass\n")
+    assert find_cycle(import_graph(tmp_path)) == ["pkg.a", "pkg.sub.b", "pkg.a"]

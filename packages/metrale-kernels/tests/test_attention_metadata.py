@@ -83,3 +83,35 @@ def test_errors(
             query_lens=query_lens,
             block_size=block_size,
         )
+
+
+def test_state_slots_default_to_none() -> None:
+    metadata = build_attention_metadata(
+        block_tables=[[0]], seq_lens=[1], query_lens=[1], block_size=4
+    )
+    assert metadata.state_slots is None
+
+
+@pytest.mark.parametrize("state_slots", [[3, 0], torch.tensor([3, 0], dtype=torch.int32)])
+def test_state_slots_become_an_int64_tensor(state_slots: list[int] | torch.Tensor) -> None:
+    metadata = build_attention_metadata(
+        block_tables=[[0], [1]],
+        seq_lens=[2, 1],
+        query_lens=[2, 1],
+        block_size=4,
+        state_slots=state_slots,
+    )
+    assert metadata.state_slots is not None
+    assert metadata.state_slots.dtype == torch.int64
+    assert metadata.state_slots.tolist() == [3, 0]
+
+
+def test_state_slots_need_one_entry_per_sequence() -> None:
+    with pytest.raises(ValueError, match=r"state_slots must have one entry per sequence \(2\)"):
+        build_attention_metadata(
+            block_tables=[[0], [1]],
+            seq_lens=[1, 1],
+            query_lens=[1, 1],
+            block_size=4,
+            state_slots=[0],
+        )

@@ -1,4 +1,4 @@
-"""get_backend and the KernelBackend interface, exercised through the backend it returns."""
+"""get_backend and KernelBackend: every op through the backend, a partial backend's fallbacks."""
 
 from __future__ import annotations
 
@@ -63,3 +63,33 @@ def test_torch_backend_on_cuda_matches_cpu() -> None:
     cuda = run_toy_layer(get_backend("cuda"), toy_layer_inputs("cuda"))
     for on_cuda, on_cpu in zip(cuda, cpu, strict=True):
         torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=1e-5)
+
+
+class DoubledNormBackend(KernelBackend):
+    """Overrides only ``rms_norm``, the way a CUDA backend overrides the ops it has."""
+
+    name = "doubled-norm"
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return 2 * super().rms_norm(x, weight, eps, out=out)
+
+
+def test_partial_backend_falls_back_to_the_reference() -> None:
+    inputs = toy_layer_inputs("cpu")
+    attended, activated = run_toy_layer(DoubledNormBackend(), inputs)
+    reference_attended, reference_activated = run_toy_layer(TorchBackend(), inputs)
+    torch.testing.assert_close(attended, reference_attended, rtol=0, atol=0)
+    # silu_and_mul ran on the doubled norm: only the overridden op changed.
+    expected = TorchBackend().silu_and_mul(
+        2 * TorchBackend().rms_norm(inputs["hidden"], torch.ones(32), 1e-6)
+    )
+    torch.testing.assert_close(activated, expected, rtol=0, atol=0)
+    assert not torch.equal(activated, reference_activated)
+
+
+def test_get_backend_returns_a_kernel_backend() -> None:
+    backend = get_backend("cpu")
+    assert isinstance(backend, KernelBackend)
+    assert type(backend).paged_attention is KernelBackend.paged_attention

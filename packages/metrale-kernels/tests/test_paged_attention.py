@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_kernels import AttentionMetadata, TorchBackend, build_attention_metadata
-from metrale_kernels import torch_backend as torch_backend_module
+from metrale_kernels import paged_attention as paged_attention_module
 
 HEAD_DIM = 16
 # (heads, kv_heads): group sizes 1, 3 and 4.
@@ -169,7 +169,7 @@ def test_decode_only(
     num_heads: int,
     num_kv_heads: int,
 ) -> None:
-    monkeypatch.setattr(torch_backend_module, "DECODE_GROUP_TOKENS", group_tokens)
+    monkeypatch.setattr(paged_attention_module, "DECODE_GROUP_TOKENS", group_tokens)
     batch = make_batch(
         seed=len(seq_lens),
         seq_lens=seq_lens,
@@ -207,6 +207,27 @@ def test_mixed_decode_and_prefill(block_size: int, num_heads: int, num_kv_heads:
         num_kv_heads=num_kv_heads,
     )
     check(batch)
+
+
+@pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 17, 5]])
+def test_out_receives_the_result(query_lens: list[int]) -> None:
+    batch = make_batch(
+        seed=5,
+        seq_lens=[50, 17, 26],
+        query_lens=query_lens,
+        block_size=5,
+        num_heads=6,
+        num_kv_heads=2,
+    )
+    scale = HEAD_DIM**-0.5
+    backend = TorchBackend()
+    out = torch.full_like(batch.q, float("nan"))
+    returned = backend.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, out=out
+    )
+    assert returned is out
+    expected = backend.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("sliding_window", [1, 4, 16, 100])
@@ -309,5 +330,70 @@ def test_matches_dense_attention(
         num_kv_heads=heads[1],
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch_backend_module, "DECODE_GROUP_TOKENS", group_tokens)
+        patch.setattr(paged_attention_module, "DECODE_GROUP_TOKENS", group_tokens)
         check(batch, sliding_window)
+
+
+def test_plan_built_once_per_step_and_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = make_batch(
+        seed=13,
+        seq_lens=[30, 12, 1, 19, 8, 45],
+        query_lens=[1, 12, 1, 4, 1, 1],
+        block_size=5,
+        num_heads=6,
+        num_kv_heads=2,
+    )
+    built: list[int | None] = []
+    plan_decode = paged_attention_module.plan_decode
+
+    def counting(
+        metadata: AttentionMetadata, sliding_window: int | None
+    ) -> paged_attention_module.DecodePlan:
+        built.append(sliding_window)
+        return plan_decode(metadata, sliding_window)
+
+    monkeypatch.setattr(paged_attention_module, "plan_decode", counting)
+    scale = HEAD_DIM**-0.5
+    backend = TorchBackend()
+    layer_windows = [None, 8, None, 8, None, None]  # alternating global / sliding layers
+    outputs = [
+        backend.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, w)
+        for w in layer_windows
+    ]
+    assert built == [None, 8]
+    plans = {w: batch.metadata.decode_plan(w) for w in (None, 8)}
+    assert plans[None] is not plans[8]
+    assert plans[None].sliding_window is None
+    assert plans[8].sliding_window == 8
+    assert batch.metadata.decode_plan(None) is plans[None]
+    assert built == [None, 8]
+    # Reusing the plan changes nothing: every layer agrees with a fresh, uncached plan.
+    fresh = build_attention_metadata(
+        block_tables=batch.metadata.block_tables.tolist(),
+        seq_lens=batch.metadata.seq_lens,
+        query_lens=batch.metadata.query_lens,
+        block_size=batch.metadata.block_size,
+    )
+    for window, out in zip(layer_windows, outputs, strict=True):
+        expected = backend.paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, fresh, scale, window
+        )
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    check(batch)
+    check(batch, 8)
+    assert built == [None, 8, None, 8]
+
+
+def test_plan_decode_splits_rows() -> None:
+    metadata = build_attention_metadata(
+        block_tables=[[0, 1], [2], [3, 4, 5], [6]],
+        seq_lens=[7, 3, 11, 4],
+        query_lens=[1, 3, 1, 2],
+        block_size=4,
+    )
+    plan = paged_attention_module.plan_decode(metadata, None)
+    decode_tokens = sorted(t for g in plan.decode_groups for t in g.tokens.tolist())
+    assert decode_tokens == [0, 4]  # sequences 0 and 2 decode: tokens 0 and 1 + 3
+    assert [p.tokens for p in plan.prefills] == [slice(1, 4), slice(5, 7)]
+    with pytest.raises(ValueError, match="sliding_window must be at least 1"):
+        paged_attention_module.plan_decode(metadata, 0)

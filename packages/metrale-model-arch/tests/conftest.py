@@ -79,3 +79,43 @@ def tiny_config() -> ModelConfig:
         rms_norm_eps=1e-6,
         max_position_embeddings=64,
     )
+
+
+TINY_GLM5_NEXT_TEXT = {
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "layer_types": [
+        "linear_attention",
+        "indexed_attention",
+        "linear_attention",
+        "indexed_attention",
+    ],
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+    "indexer_types": ["full", "shared", "full", "shared"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "q_lora_rank": 12,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 0,
+    "v_head_dim": 8,
+    "index_head_dim": 8,
+    "index_kpool": 4,
+    "linear_num_heads": 2,
+    "linear_head_dim": 8,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_glm5_next() -> ModelConfig:
+    """GLM-5.3 cut down to 4 layers: KDA, DSA, KDA, DSA (MLA latent 16, indexer keys 8)."""
+    transformers = pytest.importorskip("transformers")
+    data = transformers.Glm5NextConfig().to_dict()
+    data["text_config"] = {**data["text_config"], **TINY_GLM5_NEXT_TEXT}
+    return ModelConfig.from_hf_dict(data, source="tiny glm5_next")

@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
 
-from metrale_config import ModelConfig
-from metrale_model_arch.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
+from metrale_config import ModelConfig, MoeConfig
+from metrale_model_arch.kv_cache import (
+    allocate_kv_cache,
+    allocate_state_slots,
+    kv_cache_bytes_per_token,
+)
+from metrale_model_arch.memory.kv_price import kv_bytes_per_token
+from metrale_model_arch.memory.plan import PlanInputs, plan_memory
+from metrale_model_arch.owners import KV_POOL, LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 
 
 def test_bytes_per_token_tiny(tiny_config: ModelConfig) -> None:
@@ -26,7 +35,7 @@ def test_bytes_per_token_llama3_8b_shape(tiny_config: ModelConfig) -> None:
     assert kv_cache_bytes_per_token(llama3_8b, torch.bfloat16) == 131_072
 
 
-def test_allocation_is_one_zeroed_tensor_sliced_per_layer(tiny_config: ModelConfig) -> None:
+def test_allocation_is_one_tensor_sliced_per_layer(tiny_config: ModelConfig) -> None:
     caches = allocate_kv_cache(
         tiny_config, num_blocks=5, block_size=4, dtype=torch.float16, device="cpu"
     )
@@ -35,7 +44,7 @@ def test_allocation_is_one_zeroed_tensor_sliced_per_layer(tiny_config: ModelConf
     assert base is not None
     assert base.shape == (2, 2, 5, 4, 2, 8)
     assert base.dtype == torch.float16
-    assert torch.count_nonzero(base) == 0
+    base.zero_()
     layer_bytes = 5 * 4 * 2 * 8 * 2
     for layer, (k_cache, v_cache) in enumerate(caches):
         assert k_cache.shape == v_cache.shape == (5, 4, 2, 8)
@@ -48,6 +57,26 @@ def test_allocation_is_one_zeroed_tensor_sliced_per_layer(tiny_config: ModelConf
     caches[1][1][3, 2] = 1.0
     assert base[1, 1, 3, 2].eq(1.0).all()
     assert torch.count_nonzero(base) == 2 * 8
+
+
+def _rss_anon_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssAnon in /proc/self/status")
+
+
+def test_the_pool_becomes_resident_only_as_it_fills(tiny_config: ModelConfig) -> None:
+    # 2 x 2 layers x 16384 blocks x 64 tokens x 2 heads x 8 x 4 bytes = 256 MiB, never touched.
+    before = _rss_anon_bytes()
+    caches = allocate_kv_cache(
+        tiny_config, num_blocks=16384, block_size=64, dtype=torch.float32, device="cpu"
+    )
+    assert caches.num_bytes == 256 * 2**20
+    assert _rss_anon_bytes() - before < 32 * 2**20
+    caches[0][0][:4096].fill_(1.0)  # 16 MiB: a quarter of one of the four layer tensors
+    grown = _rss_anon_bytes() - before
+    assert 12 * 2**20 <= grown < 48 * 2**20
 
 
 def test_total_size_matches_bytes_per_token(tiny_config: ModelConfig) -> None:
@@ -70,3 +99,194 @@ def test_empty_cache_is_refused(tiny_config: ModelConfig, num_blocks: int, block
             dtype=torch.float32,
             device="cpu",
         )
+
+
+class RecordingAllocator:
+    """Allocates like the server's ledger: bytes by owner."""
+
+    def __init__(self) -> None:
+        self.bytes_by_owner: dict[str, int] = {}
+
+    def __call__(
+        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+        size = tensor.numel() * tensor.element_size()
+        self.bytes_by_owner[owner] = self.bytes_by_owner.get(owner, 0) + size
+        return tensor
+
+
+def family_configs(tiny: ModelConfig, glm: ModelConfig) -> dict[str, ModelConfig]:
+    moe = MoeConfig(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        mlp_layer_types=("sparse",) * 2,
+    )
+    return {
+        "llama": tiny,
+        "mistral": attrs.evolve(tiny, model_type="mistral", sliding_window=8),
+        "qwen2": attrs.evolve(tiny, model_type="qwen2", qkv_bias=True),
+        "qwen3": attrs.evolve(tiny, model_type="qwen3", qk_norm=True, head_dim=16),
+        "qwen3_moe": attrs.evolve(tiny, model_type="qwen3_moe", qk_norm=True, moe=moe),
+        "mixtral": attrs.evolve(tiny, model_type="mixtral", moe=moe),
+        "glm5_next": glm,
+    }
+
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "glm5_next"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("indexer_paged", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pool_allocates_exactly_the_plan_price(
+    tiny_config: ModelConfig,
+    tiny_glm5_next: ModelConfig,
+    family: str,
+    dtype: torch.dtype,
+    indexer_paged: bool,
+) -> None:
+    config = family_configs(tiny_config, tiny_glm5_next)[family]
+    allocator = RecordingAllocator()
+    pool = allocate_kv_cache(
+        config,
+        num_blocks=3,
+        block_size=4,
+        dtype=dtype,
+        device="cpu",
+        allocator=allocator,
+        indexer_paged=indexer_paged,
+    )
+    per_token = kv_bytes_per_token(config, dtype.itemsize, indexer_paged=indexer_paged)
+    assert allocator.bytes_by_owner == {KV_POOL: 3 * 4 * per_token}
+    assert pool.num_bytes == 3 * 4 * per_token
+    assert len(pool) == config.num_hidden_layers
+    assert (pool.num_blocks, pool.block_size) == (3, 4)
+    layer_bytes = sum(t.numel() * t.element_size() for layer in pool for t in layer)
+    assert layer_bytes == 3 * 4 * per_token
+
+
+def test_glm5_next_layers_hold_latent_and_indexer_keys(tiny_glm5_next: ModelConfig) -> None:
+    pool = allocate_kv_cache(
+        tiny_glm5_next, num_blocks=3, block_size=4, dtype=torch.bfloat16, device="cpu"
+    )
+    kda, dsa, _, dsa_3 = pool
+    assert kda == ()
+    latent, index_keys = dsa
+    assert latent.shape == (3, 4, 16)
+    assert latent.dtype == torch.bfloat16
+    assert index_keys.shape == (3, 4, 8)
+    assert index_keys.dtype == torch.float32
+    assert dsa_3[0]._base is latent._base
+    flat = allocate_kv_cache(
+        tiny_glm5_next,
+        num_blocks=3,
+        block_size=4,
+        dtype=torch.bfloat16,
+        device="cpu",
+        indexer_paged=False,
+    )
+    assert [len(layer) for layer in flat] == [0, 1, 0, 1]
+
+
+def test_copy_blocks_copies_every_paged_tensor(tiny_glm5_next: ModelConfig) -> None:
+    pool = allocate_kv_cache(
+        tiny_glm5_next, num_blocks=4, block_size=2, dtype=torch.float32, device="cpu"
+    )
+    for layer in pool:
+        for tensor in layer:
+            tensor.copy_(torch.randn(tensor.shape))
+    before = [[tensor.clone() for tensor in layer] for layer in pool]
+    pool.copy_blocks(torch.tensor([0, 2]), torch.tensor([3, 1]))
+    for layer, old in zip(pool, before, strict=True):
+        for tensor, previous in zip(layer, old, strict=True):
+            assert torch.equal(tensor[3], previous[0])
+            assert torch.equal(tensor[1], previous[2])
+            assert torch.equal(tensor[0], previous[0])
+            assert torch.equal(tensor[2], previous[2])
+
+
+def test_llama_has_no_state_slots(tiny_config: ModelConfig) -> None:
+    allocator = RecordingAllocator()
+    slots = allocate_state_slots(
+        tiny_config,
+        num_slots=4,
+        max_seq_len=64,
+        dtype=torch.float32,
+        device="cpu",
+        allocator=allocator,
+    )
+    assert allocator.bytes_by_owner == {}
+    assert [layer for layer in slots.layers] == [(), ()]
+
+
+@pytest.mark.parametrize("indexer_paged", [True, False])
+@pytest.mark.parametrize("max_batch_size", [1, 8])
+def test_state_slots_allocate_exactly_the_plan_reserve(
+    max_batch_size: int, indexer_paged: bool
+) -> None:
+    """transformers' full-size GLM-5.3, on the meta device: no memory is touched."""
+    transformers = pytest.importorskip("transformers")
+    config = ModelConfig.from_hf_dict(
+        transformers.Glm5NextConfig().to_dict(), source="Glm5NextConfig()"
+    )
+    max_seq_len = 16384
+    allocator = RecordingAllocator()
+    allocate_state_slots(
+        config,
+        num_slots=max_batch_size,
+        max_seq_len=max_seq_len,
+        dtype=torch.bfloat16,
+        device="meta",
+        allocator=allocator,
+        indexer_paged=indexer_paged,
+    )
+    plan = plan_memory(
+        config,
+        PlanInputs(
+            device_kind="cuda",
+            total_bytes=1200 * 2**30,
+            gpu_memory_utilization=0.9,
+            dtype_bytes=2,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            indexer_paged=indexer_paged,
+        ),
+    )
+    planned = plan.allocated_by_owner()
+    expected = {LINEAR_STATE_POOL: planned[LINEAR_STATE_POOL]}
+    if not indexer_paged:
+        expected[PER_SEQUENCE_STATE] = planned[PER_SEQUENCE_STATE]
+    assert allocator.bytes_by_owner == expected
+    assert planned[LINEAR_STATE_POOL] == (max_batch_size + 1) * 152_633_344
+
+
+def test_state_slots_index_by_slot_and_reset(tiny_glm5_next: ModelConfig) -> None:
+    slots = allocate_state_slots(
+        tiny_glm5_next,
+        num_slots=3,
+        max_seq_len=10,
+        dtype=torch.bfloat16,
+        device="cpu",
+        indexer_paged=False,
+    )
+    recurrent, conv = slots[0]
+    assert recurrent.shape == (4, 2, 8, 8)  # 3 slots + the dummy
+    assert conv.shape == (4, 48, 3)
+    assert recurrent.dtype == torch.float32
+    index_keys, index_flags = slots[1]
+    assert index_keys.shape == (3, 8, 8)  # capacity 10 -> 8 tokens (pools of 4)
+    assert index_flags.shape == (3, 8)
+    assert index_flags.dtype == torch.uint8
+    for layer in slots.layers:
+        for tensor in layer:
+            tensor.fill_(1)
+    slots.reset(1)
+    for layer in slots.layers:
+        for tensor in layer:
+            assert torch.count_nonzero(tensor[1]) == 0
+            assert bool((tensor[0] == 1).all())
+            assert bool((tensor[2] == 1).all())
+    with pytest.raises(IndexError):
+        slots.reset(3)

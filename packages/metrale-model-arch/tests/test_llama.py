@@ -14,7 +14,7 @@ import torch
 from metrale_config import ModelConfig, RopeScaling
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families import LlamaForCausalLM
-from metrale_model_arch.loading import load_safetensors_model
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,7 +5,15 @@ import pytest
 
 from metrale_config import ModelConfig, MoeConfig
 from metrale_model_arch.families import LlamaForCausalLM
-from metrale_model_arch.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError, family_for
+from metrale_model_arch.registry import (
+    ARCHITECTURES,
+    PLANNED_MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    UnsupportedModelError,
+    architecture_for,
+    family_for,
+    planned_architecture,
+)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
@@ -17,17 +25,12 @@ def test_llama_family_runs_its_model_types(tiny_config: ModelConfig, model_type:
 def test_parsed_but_unrunnable_model_type_lists_the_supported_ones(
     tiny_config: ModelConfig,
 ) -> None:
-    moe = attrs.evolve(
-        tiny_config,
-        model_type="qwen3_moe",
-        moe=MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
-    )
     with pytest.raises(UnsupportedModelError) as info:
-        family_for(moe)
+        family_for(attrs.evolve(tiny_config, model_type="glm5_next"))
     message = str(info.value)
-    assert "'qwen3_moe'" in message
+    assert "'glm5_next'" in message
     assert "tiny test config" in message
-    assert "llama, mistral, qwen2, qwen3" in message
+    assert "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe" in message
 
 
 def test_unsupported_model_error_is_a_value_error() -> None:
@@ -42,3 +45,38 @@ def test_llama_family_refuses_moe_layers_under_a_llama_model_type(
     )
     with pytest.raises(ValueError, match="does not support moe"):
         LlamaForCausalLM(moe)
+
+
+@pytest.mark.parametrize("model_type", ["glm5_next", "glm5_next_text"])
+def test_planned_types_plan_but_do_not_run(tiny_config: ModelConfig, model_type: str) -> None:
+    config = attrs.evolve(tiny_config, model_type=model_type)
+    record = planned_architecture(config)
+    assert record.module is None
+    assert record.skeleton is not None
+    assert model_type in PLANNED_MODEL_TYPES
+    assert model_type not in SUPPORTED_MODEL_TYPES
+    with pytest.raises(UnsupportedModelError, match=rf"'{model_type}'.*supported model types: "):
+        architecture_for(config)
+
+
+def test_unknown_type_is_refused_for_planning_too(tiny_config: ModelConfig) -> None:
+    config = attrs.evolve(tiny_config, model_type="gpt2")
+    with pytest.raises(UnsupportedModelError, match=r"no weight plan for model_type 'gpt2'"):
+        planned_architecture(config)
+    with pytest.raises(UnsupportedModelError, match="supported model types: llama, mistral"):
+        architecture_for(config)
+
+
+def test_every_record_is_keyed_by_its_model_type() -> None:
+    assert all(name == record.model_type for name, record in ARCHITECTURES.items())
+    assert {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "glm5_next"} <= set(
+        ARCHITECTURES
+    )
+
+
+def test_gguf_names_say_which_families_llama_cpp_permuted() -> None:
+    assert ARCHITECTURES["llama"].gguf_names is not None
+    assert ARCHITECTURES["llama"].gguf_names.permuted_projection("blk.0.attn_q.weight") == "q"
+    assert ARCHITECTURES["qwen3"].gguf_names is not None
+    assert ARCHITECTURES["qwen3"].gguf_names.permuted_projection("blk.0.attn_q.weight") is None
+    assert ARCHITECTURES["glm5_next"].gguf_names is None

@@ -15,10 +15,9 @@ from safetensors.torch import save_file
 from metrale_config import ModelConfig
 from metrale_model_arch.build import CheckpointError, build_model, column_major_names
 from metrale_model_arch.families import LlamaForCausalLM
-from metrale_model_arch.loading import (
+from metrale_model_arch.loading import is_progress_enabled, load_progress
+from metrale_model_arch.loading.safetensors_loader import (
     checkpoint_tensor_names,
-    is_progress_enabled,
-    load_progress,
     load_safetensors_model,
 )
 

@@ -1,8 +1,15 @@
 """Metrale model configs and environment levers."""
 
 from metrale_config.errors import ConfigError, UndeclaredLeverError
-from metrale_config.gguf_header import GgufHeader, GgufTensorInfo, read_gguf_header
-from metrale_config.hf_config import normalize_model_type
+from metrale_config.gguf import GgufHeader, GgufTensorInfo, read_gguf_header
+from metrale_config.hf import normalize_model_type
+from metrale_config.layer_types import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    SLIDING_ATTENTION,
+    SPARSE_ATTENTION,
+    LayerType,
+)
 from metrale_config.levers import (
     LEVERS,
     Lever,
@@ -13,10 +20,6 @@ from metrale_config.levers import (
     read_str_lever,
 )
 from metrale_config.model_config import (
-    FULL_ATTENTION,
-    LINEAR_ATTENTION,
-    SLIDING_ATTENTION,
-    SPARSE_ATTENTION,
     DsaConfig,
     LinearAttentionConfig,
     MhcConfig,
@@ -37,6 +40,7 @@ __all__ = [
     "DsaConfig",
     "GgufHeader",
     "GgufTensorInfo",
+    "LayerType",
     "Lever",
     "LinearAttentionConfig",
     "MhcConfig",

@@ -1,4 +1,8 @@
-"""``ModelConfig``: every field the architectures and the memory math read, parsed at the edge."""
+"""``ModelConfig``: every field the architectures and the memory math read, parsed at the edge.
+
+Value types only: the parsers live in ``metrale_config.hf`` and ``metrale_config.gguf``; the named
+constructors import them when called.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,16 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+# The old constants, re-exported for ``from metrale_config.model_config import SLIDING_ATTENTION``.
+from metrale_config.layer_types import FULL_ATTENTION as FULL_ATTENTION
+from metrale_config.layer_types import LINEAR_ATTENTION as LINEAR_ATTENTION
+from metrale_config.layer_types import SLIDING_ATTENTION as SLIDING_ATTENTION
+from metrale_config.layer_types import SPARSE_ATTENTION as SPARSE_ATTENTION
+from metrale_config.layer_types import LayerType, to_layer_types
 from metrale_config.rope import RopeScaling
 
 if TYPE_CHECKING:
-    from metrale_config.gguf_header import GgufHeader
-
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
-LINEAR_ATTENTION = "linear_attention"
-SPARSE_ATTENTION = "sparse_attention"
+    from metrale_config.gguf.header import GgufHeader
 
 
 @attrs.frozen(kw_only=True)
@@ -75,7 +80,7 @@ class MtpConfig:
     """Multi-token-prediction (draft) layers stored beside the main stack."""
 
     num_layers: int
-    layer_types: tuple[str, ...] = ()
+    layer_types: tuple[LayerType, ...] = attrs.field(default=(), converter=to_layer_types)
 
 
 @attrs.frozen(kw_only=True)
@@ -127,7 +132,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
     torch_dtype: str | None = None
-    layer_types: tuple[str, ...] = ()
+    layer_types: tuple[LayerType, ...] = attrs.field(default=(), converter=to_layer_types)
     moe: MoeConfig | None = None
     mla: MlaConfig | None = None
     dsa: DsaConfig | None = None
@@ -145,28 +150,28 @@ class ModelConfig:
         Raises ``ConfigError`` naming the file for a missing file, invalid JSON, an unsupported
         ``model_type`` or any missing, mistyped or inconsistent field.
         """
-        from metrale_config.hf_config import model_config_from_hf_file
+        from metrale_config.hf import model_config_from_hf_file
 
         return model_config_from_hf_file(path)
 
     @classmethod
     def from_hf_dict(cls, data: Mapping[str, object], *, source: str) -> ModelConfig:
         """Parse an already-loaded ``config.json`` object; ``source`` starts every error message."""
-        from metrale_config.hf_config import model_config_from_hf_dict
+        from metrale_config.hf import model_config_from_hf_dict
 
         return model_config_from_hf_dict(data, source=source)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> ModelConfig:
         """Parse the metadata of a GGUF file (``general.architecture`` llama, qwen2 or qwen3)."""
-        from metrale_config.gguf_config import model_config_from_gguf
+        from metrale_config.gguf import model_config_from_gguf
 
         return model_config_from_gguf(path)
 
     @classmethod
     def from_gguf_header(cls, header: GgufHeader) -> ModelConfig:
         """Build the config from an already-read GGUF header."""
-        from metrale_config.gguf_config import model_config_from_gguf_header
+        from metrale_config.gguf import model_config_from_gguf_header
 
         return model_config_from_gguf_header(header)
 
@@ -178,6 +183,6 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.moe is not None
 
-    def num_layers_of_type(self, layer_type: str) -> int:
-        """How many layers have ``layer_type`` (e.g. ``FULL_ATTENTION``)."""
+    def num_layers_of_type(self, layer_type: LayerType | str) -> int:
+        """How many layers have ``layer_type`` (e.g. ``LayerType.FULL_ATTENTION``)."""
         return sum(1 for kind in self.layer_types if kind == layer_type)

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from metrale_config.errors import ConfigError
-from metrale_config.model_config import (
-    FULL_ATTENTION,
-    LINEAR_ATTENTION,
-    SLIDING_ATTENTION,
-    SPARSE_ATTENTION,
-    ModelConfig,
-)
+from metrale_config.layer_types import LayerType
+from metrale_config.model_config import ModelConfig
 
-LAYER_TYPES = frozenset({FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION, SPARSE_ATTENTION})
+LAYER_TYPES = frozenset(LayerType)
 MLP_LAYER_TYPES = frozenset({"dense", "sparse"})
 INDEXER_TYPES = frozenset({"full", "shared"})
 

@@ -1,11 +1,13 @@
-"""Metrale ops: a backend interface, its torch reference, and helpers the models share."""
+"""Metrale ops: a backend base class whose methods are the torch references, and shared helpers."""
 
 from __future__ import annotations
 
 import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
-from metrale_kernels.backend import KernelBackend
+from metrale_kernels.backend import KernelBackend, TorchBackend
+from metrale_kernels.moe_experts import fused_moe
+from metrale_kernels.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
 from metrale_kernels.rotary import (
     cos_sin_cache,
     default_inv_freq,
@@ -13,7 +15,6 @@ from metrale_kernels.rotary import (
     linear_inv_freq,
     llama3_inv_freq,
 )
-from metrale_kernels.torch_backend import TorchBackend
 
 __all__ = [
     "AttentionMetadata",
@@ -23,9 +24,12 @@ __all__ = [
     "cos_sin_cache",
     "default_inv_freq",
     "dynamic_ntk_inv_freq",
+    "fused_moe",
     "get_backend",
+    "grouped_sigmoid_topk_routing",
     "linear_inv_freq",
     "llama3_inv_freq",
+    "softmax_topk_routing",
 ]
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
+
+if TYPE_CHECKING:
+    from metrale_kernels.paged_attention import DecodePlan
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -16,6 +20,10 @@ class AttentionMetadata:
     last ``query_lens[i]`` tokens of a context of ``seq_lens[i]`` tokens, whose K/V live in
     the blocks ``block_tables[i]`` (padding entries past the context are never read).
     ``slot_mapping[t]`` is the cache slot (``block * block_size + offset``) token ``t`` writes.
+    ``state_slots[i]``, when the step has state kept per sequence rather than paged (linear
+    attention, a flat indexer), is the state slot sequence ``i`` reads and updates.
+    Build one per step and share it: :meth:`decode_plan` is cached on it, so every layer
+    reuses the step's paged attention plan.
     """
 
     slot_mapping: torch.Tensor  # (num_tokens,) int64
@@ -25,6 +33,23 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]
     seq_lens: tuple[int, ...]
     block_size: int
+    state_slots: torch.Tensor | None = None  # (num_seqs,) int64
+    # Paged attention plans built so far, by sliding window: see ``decode_plan``.
+    _plans: dict[int | None, DecodePlan] = attrs.field(factory=dict, init=False, repr=False)
+
+    def decode_plan(self, sliding_window: int | None) -> DecodePlan:
+        """The paged attention plan of this step for ``sliding_window``, built on first use.
+
+        Raises ``ValueError`` when ``sliding_window < 1``.
+        """
+        plan = self._plans.get(sliding_window)
+        if plan is None:
+            # Imported here: paged_attention imports this module.
+            from metrale_kernels import paged_attention
+
+            plan = paged_attention.plan_decode(self, sliding_window)
+            self._plans[sliding_window] = plan
+        return plan
 
     @property
     def num_seqs(self) -> int:
@@ -53,17 +78,24 @@ def build_attention_metadata(
     seq_lens: Sequence[int],
     query_lens: Sequence[int],
     block_size: int,
+    state_slots: Sequence[int] | torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
     """Flatten per-sequence block tables and lengths into the tensors the ops read.
 
-    Raises ``ValueError`` when the lists differ in length, a query length is outside
-    ``1..seq_len``, a table has too few blocks for its context, or ``block_size < 1``.
+    Raises ``ValueError`` when the lists differ in length (``state_slots`` included, when
+    given), a query length is outside ``1..seq_len``, a table has too few blocks for its
+    context, or ``block_size < 1``.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     if not (len(block_tables) == len(seq_lens) == len(query_lens)):
         raise ValueError("block_tables, seq_lens and query_lens must have one entry per sequence")
+    if state_slots is not None and len(state_slots) != len(seq_lens):
+        raise ValueError(
+            f"state_slots must have one entry per sequence ({len(seq_lens)}), "
+            f"got {len(state_slots)}"
+        )
     slots: list[int] = []
     starts = [0]
     for table, seq_len, query_len in zip(block_tables, seq_lens, query_lens, strict=True):
@@ -86,4 +118,9 @@ def build_attention_metadata(
         query_lens=tuple(int(q) for q in query_lens),
         seq_lens=tuple(int(s) for s in seq_lens),
         block_size=block_size,
+        state_slots=(
+            None
+            if state_slots is None
+            else torch.as_tensor(state_slots, dtype=torch.int64, device=device)
+        ),
     )

@@ -1,40 +1,67 @@
 """Metrale architectures: torch model families over a paged KV cache, and their loaders."""
 
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
-from metrale_model_arch.build import CheckpointError, build_model
+from metrale_model_arch.architecture import Architecture
+from metrale_model_arch.build import build_model
+from metrale_model_arch.cache_spec import LayerCacheSpec
 from metrale_model_arch.chat_template import ChatTemplate, ChatTemplateError
-from metrale_model_arch.families import CausalLM, KvCache, LlamaForCausalLM
-from metrale_model_arch.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
+from metrale_model_arch.families import CausalLM, KvCache, LayerCache, LlamaForCausalLM
+from metrale_model_arch.kv_cache import (
+    KvCachePool,
+    StateSlots,
+    allocate_kv_cache,
+    allocate_state_slots,
+    kv_cache_bytes_per_token,
+)
 from metrale_model_arch.load import LoadedModel, load_model, read_model_config
+from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model, read_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelNotFoundError, ModelSource, resolve_model
-from metrale_model_arch.registry import SUPPORTED_MODEL_TYPES, UnsupportedModelError, family_for
+from metrale_model_arch.registry import (
+    ARCHITECTURES,
+    SUPPORTED_MODEL_TYPES,
+    UnsupportedModelError,
+    architecture_for,
+    cache_specs,
+    family_for,
+    planned_architecture,
+)
 from metrale_model_arch.tokenizer import Tokenizer, TokenizerError
 
 __all__ = [
+    "ARCHITECTURES",
     "SUPPORTED_MODEL_TYPES",
+    "Architecture",
     "CausalLM",
     "ChatTemplate",
     "ChatTemplateError",
     "CheckpointError",
     "KvCache",
+    "KvCachePool",
+    "LayerCache",
+    "LayerCacheSpec",
     "LlamaForCausalLM",
     "LoadedModel",
     "ModelNotFoundError",
     "ModelSource",
+    "StateSlots",
     "TensorAllocator",
     "Tokenizer",
     "TokenizerError",
     "UnsupportedModelError",
     "allocate_kv_cache",
+    "allocate_state_slots",
+    "architecture_for",
     "build_model",
+    "cache_specs",
     "family_for",
     "kv_cache_bytes_per_token",
     "load_gguf_model",
     "load_model",
     "load_safetensors_model",
     "plain_allocator",
+    "planned_architecture",
     "read_gguf_weights",
     "read_model_config",
     "resolve_model",

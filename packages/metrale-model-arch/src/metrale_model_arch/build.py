@@ -1,4 +1,4 @@
-"""Turn a config and a stream of HF-named tensors into a ready model, without random init."""
+"""Turn a config and a stream of checkpoint tensors into a ready model, without random init."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import get_backend
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
-from metrale_model_arch.families import CausalLM
-from metrale_model_arch.memory.plan import ROPE_TABLE
-from metrale_model_arch.memory.weights import weight_owner
-from metrale_model_arch.registry import family_for
+from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.owners import ROPE_TABLE, weight_owner
+from metrale_model_arch.registry import architecture_for
+
+__all__ = ["CheckpointError", "build_model", "column_major_names"]
 
 # Checkpoints from older transformers versions carry the rotary buffer; it is derived here.
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -22,9 +25,36 @@ ROPE_TABLE_BUFFER = "cos_sin_cache"
 _MAX_LISTED_NAMES = 20
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot become the model: missing, unexpected or misshapen tensors, or a
-    file that cannot be read."""
+class _Coverage:
+    """Which parts of one parameter were written: a mask over the leading dims the targets'
+    indices address (deepened when a longer index arrives)."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        self.shape = shape
+        self.mask = torch.zeros((), dtype=torch.bool)
+
+    def mark(self, index: tuple[int | slice, ...]) -> bool:
+        """Mark ``index`` written; ``False`` when part of it already was."""
+        depth = len(index)
+        if depth > self.mask.dim():
+            grown = self.mask.reshape(self.mask.shape + (1,) * (depth - self.mask.dim()))
+            self.mask = grown.expand(tuple(self.shape[:depth])).clone()
+        region = self.mask[index] if index else self.mask
+        if bool(region.any()):
+            return False
+        if index:
+            self.mask[index] = True
+        else:
+            self.mask.fill_(True)
+        return True
+
+    def missing_parts(self) -> list[str]:
+        """``[]`` when complete; ``[""]`` when nothing was written; else the unwritten indices."""
+        if bool(self.mask.all()):
+            return []
+        if not bool(self.mask.any()):
+            return [""]
+        return [str(tuple(int(i) for i in row)) for row in torch.nonzero(~self.mask)]
 
 
 def build_model(
@@ -35,55 +65,79 @@ def build_model(
     device: torch.device | str,
     max_seq_len: int | None = None,
     allocator: TensorAllocator = plain_allocator,
+    mapping: CheckpointMapping | None = None,
 ) -> CausalLM:
-    """Construct ``config``'s family on the meta device and fill it from ``weights`` by name.
+    """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
-    Every parameter must be supplied exactly once (converted to ``dtype`` on ``device``);
-    missing, unexpected, duplicate or misshapen tensors raise :class:`CheckpointError`. With
+    Each checkpoint tensor goes where the architecture's checkpoint mapping (or ``mapping``)
+    says: into ``param[index]``, converted to ``dtype`` (float32 for ``keep_float32``) on
+    ``device``. Unmapped tensors, parameters (or parts of stacked ones) never written,
+    tensors written twice and misshapen tensors raise :class:`CheckpointError` naming them. With
     ``tie_word_embeddings`` the head shares ``model.embed_tokens.weight`` and a
     ``lm_head.weight`` in ``weights`` is ignored. Each parameter's storage, and the derived
-    tables (RoPE), come from ``allocator`` under their owner (``memory.weight_owner``). On the
+    tables (RoPE), come from ``allocator`` under their owner (``owners.weight_owner``). On the
     CPU, projection weights are stored column-major (see :func:`column_major_names`).
     Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
-    family = family_for(config)
+    record = architecture_for(config)
+    assert record.module is not None
+    assert record.checkpoint_mapping is not None
+    target_of = mapping or record.checkpoint_mapping(config)
     with torch.device("meta"):
-        model = family(config, max_seq_len=max_seq_len, backend=get_backend(device))
+        model = record.module(config, max_seq_len=max_seq_len, backend=get_backend(device))
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(canonical.setdefault(id(param), name), []).append(name)
-    shapes = {name: param.shape for name, param in model.named_parameters()}
+    meta_params = dict(model.named_parameters())
     column_major = column_major_names(model) if device.type == "cpu" else set()
-    loaded: set[str] = set()
+    coverage = {name: _Coverage(param.shape) for name, param in meta_params.items()}
+    loaded: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:
         if name.endswith(IGNORED_TENSOR_SUFFIXES) or (
             config.tie_word_embeddings and name == TIED_LM_HEAD
         ):
             continue
-        if name not in shapes:
+        if name in seen:
+            raise CheckpointError(f"tensor {name!r} appears more than once in the checkpoint")
+        seen.add(name)
+        target = target_of(name, tuple(tensor.shape))
+        if isinstance(target, Skip):
+            continue
+        if target is None or target.param not in meta_params:
             unexpected.append(name)
             continue
-        if name in loaded:
-            raise CheckpointError(f"tensor {name!r} appears more than once in the checkpoint")
-        if tensor.shape != shapes[name]:
+        _check_shape(name, tensor, target, meta_params[target.param])
+        if not coverage[target.param].mark(target.index):
             raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
-                f"{tuple(shapes[name])}"
+                f"tensor {name!r} writes {_describe(target)}, which another tensor already wrote"
             )
-        param = nn.Parameter(
-            _materialize(name, tensor, name in column_major, allocator, dtype, device),
-            requires_grad=False,
-        )
-        for alias in aliases[name]:
-            module_name, _, leaf = alias.rpartition(".")
-            setattr(model.get_submodule(module_name), leaf, param)
-        loaded.add(name)
-    missing = sorted(set(shapes) - loaded)
+        data = loaded.get(target.param)
+        if data is None:
+            data = _allocate(
+                target.param,
+                meta_params[target.param],
+                target.param in column_major,
+                allocator,
+                torch.float32 if target.keep_float32 else dtype,
+                device,
+            )
+            loaded[target.param] = data
+            param = nn.Parameter(data, requires_grad=False)
+            for alias in aliases[target.param]:
+                module_name, _, leaf = alias.rpartition(".")
+                setattr(model.get_submodule(module_name), leaf, param)
+        (data[target.index] if target.index else data).copy_(tensor)
+    missing = [
+        name if parts == [""] else f"{name} (parts never written: {', '.join(parts[:8])})"
+        for name, cover in coverage.items()
+        if (parts := cover.missing_parts())
+    ]
     if missing or unexpected:
-        raise CheckpointError(_mismatch_message(config, missing, unexpected))
+        raise CheckpointError(_mismatch_message(config, sorted(missing), unexpected))
     for name, buffer in list(model.named_buffers()):
         module_name, _, leaf = name.rpartition(".")
         owner = ROPE_TABLE if leaf == ROPE_TABLE_BUFFER else weight_owner(name)
@@ -111,22 +165,44 @@ def column_major_names(model: nn.Module) -> set[str]:
     }
 
 
-def _materialize(
+def _check_shape(name: str, tensor: torch.Tensor, target: TensorTarget, meta: nn.Parameter) -> None:
+    if len(target.index) > meta.dim():
+        raise CheckpointError(
+            f"tensor {name!r} maps to {_describe(target)}, but {target.param!r} has only "
+            f"{meta.dim()} dims {tuple(meta.shape)}"
+        )
+    expected = (meta[target.index] if target.index else meta).shape
+    if tensor.shape != expected:
+        where = "the model expects" if not target.index else f"{_describe(target)} is"
+        raise CheckpointError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}, {where} {tuple(expected)}"
+        )
+
+
+def _describe(target: TensorTarget) -> str:
+    if not target.index:
+        return repr(target.param)
+    parts = [
+        f"{part.start or ''}:{'' if part.stop is None else part.stop}"
+        if isinstance(part, slice)
+        else str(part)
+        for part in target.index
+    ]
+    return f"{target.param}[{', '.join(parts)}]"
+
+
+def _allocate(
     name: str,
-    tensor: torch.Tensor,
+    meta: nn.Parameter,
     is_column_major: bool,
     allocator: TensorAllocator,
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    shape = tuple(tensor.shape)
+    shape = tuple(meta.shape)
     if is_column_major:
-        storage = allocator(weight_owner(name), shape[::-1], dtype, device)
-        data = storage.t()
-    else:
-        data = allocator(weight_owner(name), shape, dtype, device)
-    data.copy_(tensor)
-    return data
+        return allocator(weight_owner(name), shape[::-1], dtype, device).t()
+    return allocator(weight_owner(name), shape, dtype, device)
 
 
 def _mismatch_message(config: ModelConfig, missing: list[str], unexpected: list[str]) -> str:

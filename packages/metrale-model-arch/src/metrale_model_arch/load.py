@@ -11,7 +11,7 @@ import torch
 from metrale_config import ModelConfig, read_gguf_header
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.chat_template import ChatTemplate
-from metrale_model_arch.families import CausalLM
+from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model

@@ -1,29 +1,120 @@
-"""Which family class runs which ``model_type``."""
+"""The one table of model types: each maps to its :class:`Architecture` record."""
 
 from __future__ import annotations
 
-from metrale_config import ModelConfig
-from metrale_model_arch.families import CausalLM, LlamaForCausalLM
+import attrs
 
-FAMILIES: dict[str, type[CausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
+from metrale_config import ModelConfig
+from metrale_model_arch.architecture import Architecture
+from metrale_model_arch.cache_spec import LayerCacheSpec, attention_cache_specs
+from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
+from metrale_model_arch.counts.llama import llama_param_counts
+from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
+from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.llama import LlamaForCausalLM
+from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
+from metrale_model_arch.families.qwen3_moe import (
+    Qwen3MoeForCausalLM,
+    qwen3_moe_checkpoint_mapping,
+)
+from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
+from metrale_model_arch.loading.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
+from metrale_model_arch.loading.mapping import same_names
+
+LLAMA = Architecture(
+    model_type="llama",
+    module=LlamaForCausalLM,
+    checkpoint_mapping=same_names,
+    gguf_names=LLAMA_GGUF_NAMES,
+    param_counts=llama_param_counts,
+    cache_specs=attention_cache_specs,
+)
+QWEN3_MOE = Architecture(
+    model_type="qwen3_moe",
+    module=Qwen3MoeForCausalLM,
+    checkpoint_mapping=qwen3_moe_checkpoint_mapping,
+    gguf_names=QWEN_GGUF_NAMES,
+    param_counts=qwen3_moe_param_counts,
+    cache_specs=attention_cache_specs,
+)
+MIXTRAL = Architecture(
+    model_type="mixtral",
+    module=MixtralForCausalLM,
+    checkpoint_mapping=mixtral_checkpoint_mapping,
+    gguf_names=LLAMA_GGUF_NAMES,
+    param_counts=mixtral_param_counts,
+    cache_specs=attention_cache_specs,
+)
+# GLM-5.3: planned (memory), not yet runnable.
+GLM5_NEXT = Architecture(
+    model_type="glm5_next",
+    module=None,
+    checkpoint_mapping=None,
+    gguf_names=None,
+    param_counts=glm5_next_param_counts,
+    cache_specs=attention_cache_specs,
+    skeleton=Glm5NextTextSkeleton.from_config,
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    record.model_type: record
+    for record in (
+        LLAMA,
+        attrs.evolve(LLAMA, model_type="mistral"),
+        attrs.evolve(LLAMA, model_type="qwen2", gguf_names=QWEN_GGUF_NAMES),
+        attrs.evolve(LLAMA, model_type="qwen3", gguf_names=QWEN_GGUF_NAMES),
+        QWEN3_MOE,
+        MIXTRAL,
+        GLM5_NEXT,
+        attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
+    )
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
+    sorted(name for name, record in ARCHITECTURES.items() if record.is_runnable)
+)
+PLANNED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(ARCHITECTURES))
 
 
 class UnsupportedModelError(ValueError):
-    """A config this build parses but has no torch family to run."""
+    """A config this build parses but has no torch family to run (or no record at all)."""
 
 
-def family_for(config: ModelConfig) -> type[CausalLM]:
-    """The family class for ``config.model_type``, or :class:`UnsupportedModelError`."""
-    family = FAMILIES.get(config.model_type)
-    if family is None:
+def architecture_for(config: ModelConfig) -> Architecture:
+    """The record of ``config.model_type`` with a runnable module, or
+    :class:`UnsupportedModelError` listing the supported model types."""
+    record = ARCHITECTURES.get(config.model_type)
+    if record is None or not record.is_runnable:
         raise UnsupportedModelError(
             f"model_type {config.model_type!r} ({config.source}) has no runnable model family; "
             f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    return family
+    return record
+
+
+def planned_architecture(config: ModelConfig) -> Architecture:
+    """The record of ``config.model_type`` for memory planning: runnable or only planned."""
+    record = ARCHITECTURES.get(config.model_type)
+    if record is None:
+        raise UnsupportedModelError(
+            f"{config.source}: no weight plan for model_type {config.model_type!r} "
+            f"(planned: {', '.join(PLANNED_MODEL_TYPES)})"
+        )
+    return record
+
+
+def family_for(config: ModelConfig) -> type[CausalLM]:
+    """The torch module class for ``config.model_type``, or :class:`UnsupportedModelError`."""
+    module = architecture_for(config).module
+    assert module is not None  # is_runnable
+    return module
+
+
+def cache_specs(config: ModelConfig, *, indexer_paged: bool) -> tuple[LayerCacheSpec, ...]:
+    """One cache spec per layer of ``config`` (see :mod:`metrale_model_arch.cache_spec`)."""
+    return planned_architecture(config).cache_specs(config, indexer_paged=indexer_paged)
+
+
+def param_counts(config: ModelConfig) -> ParamCounts:
+    """Parameters of ``config`` by owner, from its record's counter."""
+    return planned_architecture(config).param_counts(config)

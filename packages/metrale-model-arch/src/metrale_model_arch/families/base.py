@@ -10,6 +10,10 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 
+# One layer's paged caches, in its cache spec's role order: ``(k_cache, v_cache)`` for full and
+# sliding attention, ``(latent,)`` for MLA, ``(latent, index_keys)`` for a paged DSA layer,
+# ``()`` for a layer with nothing paged.
+LayerCache = tuple[torch.Tensor, ...]
 KvCache = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -31,14 +35,15 @@ class CausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: Sequence[KvCache],
+        kv_caches: Sequence[LayerCache],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states ``(tokens, hidden_size)`` after the final norm.
 
         ``input_ids`` and ``positions`` are ``(tokens,)`` int64 in ``metadata``'s token order;
-        ``kv_caches`` has one ``(k_cache, v_cache)`` per layer, each
-        ``(num_blocks, block_size, num_kv_heads, head_dim)``; they are written in place.
+        ``kv_caches`` has one :data:`LayerCache` per layer (a ``KvCachePool``); for attention
+        layers ``(k_cache, v_cache)``, each ``(num_blocks, block_size, num_kv_heads, head_dim)``.
+        They are written in place.
         """
         raise NotImplementedError
 

@@ -6,18 +6,19 @@ before rotary (Qwen3), an explicit ``head_dim``, sliding-window layers, tied emb
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from metrale_config import ModelConfig
-from metrale_config.model_config import SLIDING_ATTENTION
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
-from metrale_model_arch.families.base import CausalLM, KvCache
+from metrale_model_arch.cache_spec import layer_sliding_window
+from metrale_model_arch.families.base import CausalLM, LayerCache
 from metrale_model_arch.families.rotary import rope_cos_sin_table
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
+UNSUPPORTED_FEATURES = ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit")
 
 
 class RMSNorm(nn.Module):
@@ -58,7 +59,7 @@ class LlamaAttention(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
-        kv_cache: KvCache,
+        kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
@@ -79,9 +80,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, backend: KernelBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: KernelBackend, intermediate_size: int | None = None
+    ) -> None:
         super().__init__()
-        hidden, intermediate, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        hidden, bias = config.hidden_size, config.mlp_bias
+        intermediate = config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
@@ -93,13 +97,21 @@ class LlamaMLP(nn.Module):
         return out
 
 
+# (config, layer index, backend) -> the layer's MLP: ``(tokens, hidden)`` -> ``(tokens, hidden)``.
+MlpFactory = Callable[[ModelConfig, int, KernelBackend], nn.Module]
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, sliding_window: int | None, backend: KernelBackend
+        self,
+        config: ModelConfig,
+        sliding_window: int | None,
+        backend: KernelBackend,
+        mlp: nn.Module,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, sliding_window, backend)
-        self.mlp = LlamaMLP(config, backend)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
 
@@ -108,7 +120,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         cos_sin: torch.Tensor,
-        kv_cache: KvCache,
+        kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         attended = self.self_attn(
@@ -120,11 +132,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_seq_len: int,
+        backend: KernelBackend,
+        mlp_factory: MlpFactory,
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, layer_sliding_window(config, i), backend)
+            LlamaDecoderLayer(
+                config, layer_sliding_window(config, i), backend, mlp_factory(config, i, backend)
+            )
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
@@ -136,7 +156,11 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """Model types ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` (see :class:`CausalLM`)."""
+    """Model types ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` (see :class:`CausalLM`).
+
+    A subclass with another MLP per layer (an MoE block) overrides ``check_config`` and
+    ``build_mlp``; attention, norms, embeddings and head stay the same.
+    """
 
     def __init__(
         self,
@@ -146,20 +170,29 @@ class LlamaForCausalLM(CausalLM):
         backend: KernelBackend | None = None,
     ) -> None:
         super().__init__()
-        check_supported(config)
+        self.check_config(config)
         self.config = config
         self.max_seq_len = max_seq_len or config.max_position_embeddings
         self.backend = backend if backend is not None else TorchBackend()
-        self.model = LlamaModel(config, self.max_seq_len, self.backend)
+        self.model = LlamaModel(config, self.max_seq_len, self.backend, self.build_mlp)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def check_config(config: ModelConfig) -> None:
+        check_supported(config)
+
+    @staticmethod
+    def build_mlp(config: ModelConfig, layer_index: int, backend: KernelBackend) -> nn.Module:
+        del layer_index
+        return LlamaMLP(config, backend)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: Sequence[KvCache],
+        kv_caches: Sequence[LayerCache],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         if len(kv_caches) != len(self.model.layers):
@@ -178,23 +211,16 @@ class LlamaForCausalLM(CausalLM):
         return torch.mm(hidden, self.lm_head.weight.t(), out=out)
 
 
-def layer_sliding_window(config: ModelConfig, layer_index: int) -> int | None:
-    """The window of layer ``layer_index``: every layer's when ``layer_types`` is empty."""
-    if config.sliding_window is None:
-        return None
-    if config.layer_types and config.layer_types[layer_index] != SLIDING_ATTENTION:
-        return None
-    return config.sliding_window
-
-
-def check_supported(config: ModelConfig) -> None:
+def check_supported(
+    config: ModelConfig, unsupported: tuple[str, ...] = UNSUPPORTED_FEATURES
+) -> None:
     """Raise ``ValueError`` naming the first config feature this family cannot run."""
     if config.hidden_act not in SUPPORTED_HIDDEN_ACTS:
         raise ValueError(
             f"unsupported hidden_act {config.hidden_act!r} for {config.model_type}; "
             f"supported: {', '.join(SUPPORTED_HIDDEN_ACTS)}"
         )
-    for feature in ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit"):
+    for feature in unsupported:
         if getattr(config, feature, None) is not None:
             raise ValueError(f"{config.model_type}: the llama family does not support {feature}")
     if config.num_attention_heads % config.num_key_value_heads:

@@ -1,23 +1,25 @@
-"""Checkpoint loaders: safetensors here, GGUF beside it; both feed :func:`build_model`."""
+"""Checkpoint loaders (safetensors, GGUF) and the per-family mapping they share.
 
-from metrale_model_arch.build import CheckpointError
+The loaders live in ``safetensors_loader`` and ``gguf_loader``; this package's root exports only
+what the model families import (the mapping types), so that importing a family never imports a
+loader.
+"""
+
+from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget, same_names
 from metrale_model_arch.loading.progress import (
     ProgressObserver,
     is_progress_enabled,
     load_progress,
 )
-from metrale_model_arch.loading.safetensors_loader import (
-    checkpoint_tensor_names,
-    iter_safetensors,
-    load_safetensors_model,
-)
 
 __all__ = [
     "CheckpointError",
+    "CheckpointMapping",
     "ProgressObserver",
-    "checkpoint_tensor_names",
+    "Skip",
+    "TensorTarget",
     "is_progress_enabled",
-    "iter_safetensors",
     "load_progress",
-    "load_safetensors_model",
+    "same_names",
 ]

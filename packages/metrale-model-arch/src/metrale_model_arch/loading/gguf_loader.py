@@ -1,4 +1,8 @@
-"""Read a GGUF checkpoint's tensors as Hugging Face-named float32 tensors, dequantized at load."""
+"""Read a GGUF checkpoint's tensors as checkpoint-named float32 tensors, dequantized at load.
+
+llama.cpp names become checkpoint names through the architecture record's ``gguf_names``; the
+model is then built through the family's checkpoint mapping, like a safetensors checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,12 @@ import torch
 
 from metrale_config import GgufHeader, GgufTensorInfo, ModelConfig, read_gguf_header
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
-from metrale_model_arch.build import CheckpointError, build_model
-from metrale_model_arch.families import CausalLM
-from metrale_model_arch.loading.gguf_names import (
-    SKIPPED_GGUF_TENSORS,
-    UnknownGgufTensorError,
-    hf_tensor_name,
-    rotary_permuted_heads,
-)
+from metrale_model_arch.build import build_model
+from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.registry import planned_architecture
 
 SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
@@ -110,11 +111,16 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
     file_bytes = Path(header.path).stat().st_size
     architecture = header.architecture or config.model_type
+    names = planned_architecture(config).gguf_names
+    if names is None:
+        raise CheckpointError(
+            f"{header.source}: model_type {config.model_type!r} has no GGUF names"
+        )
     heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
     plan = []
     for info in header.tensors:
         try:
-            hf_name = hf_tensor_name(info.name)
+            hf_name = names.checkpoint_name(info.name)
         except UnknownGgufTensorError as exc:
             raise CheckpointError(f"{header.source}: {exc} (architecture {architecture})") from exc
         if hf_name is None:
@@ -129,7 +135,7 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
                 f"{header.source}: truncated; tensor {info.name!r} ends at byte "
                 f"{info.data_offset + info.num_bytes} of a {file_bytes}-byte file"
             )
-        permuted = rotary_permuted_heads(info.name, architecture)
+        permuted = names.permuted_projection(info.name)
         plan.append(
             _PlannedTensor(
                 info=info,

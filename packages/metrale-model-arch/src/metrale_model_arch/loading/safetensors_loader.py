@@ -14,8 +14,9 @@ from safetensors import SafetensorError, safe_open
 
 from metrale_config import ModelConfig
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
-from metrale_model_arch.build import CheckpointError, build_model
-from metrale_model_arch.families import CausalLM
+from metrale_model_arch.build import build_model
+from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
 
 SINGLE_FILE = "model.safetensors"

@@ -1,16 +1,16 @@
 """Memory math: pure functions of a config and the serve arguments (no weights, no device)."""
 
+from metrale_model_arch.glm5_next_skeleton import (
+    GLM5_NEXT_MODEL_TYPES,
+    Ffn,
+    Glm5NextTextSkeleton,
+    Mixer,
+)
 from metrale_model_arch.memory.arena import ArenaBuffer, arena_buffers, buffer_arena_bytes
 from metrale_model_arch.memory.dsa_state import (
     dsa_capacity,
     indexer_state_bytes,
     paged_indexer_bytes_per_token,
-)
-from metrale_model_arch.memory.glm5_next_skeleton import (
-    GLM5_NEXT_MODEL_TYPES,
-    Ffn,
-    Glm5NextTextSkeleton,
-    Mixer,
 )
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes, step_activation_bytes
 from metrale_model_arch.memory.kv_price import kv_bytes_per_block, kv_bytes_per_token

@@ -2,25 +2,30 @@
 
 The indexer keeps, per cached token, an ``index_head_dim`` float32 key (4 bytes each) and one
 byte of scale/flag; keys are pooled ``index_kpool`` tokens at a time, so capacity is rounded
-down to whole pools (the allocation holds exactly that many tokens).
+down to whole pools (the allocation holds exactly that many tokens). The specs
+(:class:`~metrale_model_arch.cache_spec.FlatIndexerSpec`,
+:class:`~metrale_model_arch.cache_spec.PagedIndexerSpec`) hold the same layout.
 """
 
 from __future__ import annotations
 
-FLOAT32_BYTES = 4
+from metrale_model_arch.cache_spec import (
+    FLOAT32_BYTES,
+    FlatIndexerSpec,
+    PagedIndexerSpec,
+    dsa_capacity,
+)
+from metrale_model_arch.owners import PER_SEQUENCE_STATE
 
-
-def dsa_capacity(max_seq_len: int, index_kpool: int) -> int:
-    """Tokens an indexer cache holds for a ``max_seq_len`` context: whole pools only."""
-    pool = max(index_kpool, 1)
-    return (max_seq_len // pool) * pool
+__all__ = ["dsa_capacity", "indexer_state_bytes", "paged_indexer_bytes_per_token"]
 
 
 def indexer_state_bytes(capacity: int, index_head_dim: int) -> int:
     """Bytes of one layer's flat indexer cache holding ``capacity`` tokens."""
-    return capacity * (FLOAT32_BYTES * index_head_dim + 1)
+    spec = FlatIndexerSpec(index_head_dim=index_head_dim, index_kpool=1)
+    return spec.state_bytes_per_slot(PER_SEQUENCE_STATE, capacity, FLOAT32_BYTES)
 
 
 def paged_indexer_bytes_per_token(index_head_dim: int) -> int:
     """What the paged indexer adds to one DSA layer's KV price per token."""
-    return FLOAT32_BYTES * index_head_dim
+    return PagedIndexerSpec(index_head_dim=index_head_dim).paged_bytes_per_token(FLOAT32_BYTES)

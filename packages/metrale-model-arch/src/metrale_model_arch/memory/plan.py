@@ -21,15 +21,29 @@ from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
 from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
 from metrale_model_arch.memory.weights import WeightBytes, weight_bytes
+from metrale_model_arch.owners import (
+    BUFFER_ARENA,
+    KV_POOL,
+    LINEAR_STATE_POOL,
+    PER_SEQUENCE_STATE,
+    ROPE_TABLE,
+    RUNTIME_HEADROOM,
+)
+
+__all__ = [
+    "BUFFER_ARENA",
+    "KV_POOL",
+    "LINEAR_STATE_POOL",
+    "PER_SEQUENCE_STATE",
+    "ROPE_TABLE",
+    "RUNTIME_HEADROOM",
+    "MemoryPlan",
+    "MemoryPlanError",
+    "PlanInputs",
+    "plan_memory",
+]
 
 MAX_AUTO_BATCH_SIZE = 128
-
-ROPE_TABLE = "rope_table"
-KV_POOL = "kv_pool"
-BUFFER_ARENA = "buffer_arena"
-PER_SEQUENCE_STATE = "per_sequence_state"
-LINEAR_STATE_POOL = "linear_state_pool"
-RUNTIME_HEADROOM = "runtime_headroom"
 GIB = 2**30
 
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import SPARSE_ATTENTION, ModelConfig
-from metrale_model_arch.memory.dsa_state import dsa_capacity, indexer_state_bytes
-from metrale_model_arch.memory.glm5_next_skeleton import (
-    GLM5_NEXT_MODEL_TYPES,
-    Glm5NextTextSkeleton,
-    Mixer,
-)
+from metrale_model_arch.cache_spec import FlatIndexerSpec
+from metrale_model_arch.memory.state_pools import state_bytes_per_slot
+from metrale_model_arch.owners import PER_SEQUENCE_STATE
+from metrale_model_arch.registry import cache_specs
 
 BF16_BYTES = 2
 # The proposer's small fixed buffers: the sampled argmax (int32) and the head exchange slot.
@@ -50,23 +48,24 @@ def per_sequence_state_bytes(
 ) -> PerSequenceState:
     """Per-sequence owned device state of ``config`` at a ``max_seq_len`` context.
 
-    Zero for every model without DSA layers (every model but GLM-5.3, ``glm5_next`` or its flat
-    text form ``glm5_next_text``). ``spec_on`` gates the proposer term: with speculation off no
-    proposer exists. With ``indexer_paged`` the target layers' indexer lives in the KV pool
-    (priced per token there), so nothing is charged for it here.
+    ``target_layers`` is what the layers' cache specs hold per sequence (the flat DSA indexer;
+    zero with ``indexer_paged``, where the indexer lives in the KV pool and is priced per token
+    there). ``spec_on`` gates the proposer term: with speculation off no proposer exists; with
+    it on, a sparse-attention draft layer owns its indexer and its fixed buffers.
     """
-    if config.model_type not in GLM5_NEXT_MODEL_TYPES or config.dsa is None:
-        return PerSequenceState()
-    capacity = dsa_capacity(max_seq_len, config.dsa.index_kpool)
-    per_layer = indexer_state_bytes(capacity, config.dsa.index_head_dim)
-    skeleton = Glm5NextTextSkeleton.from_config(config)
-    target_layers = 0 if indexer_paged else skeleton.num_layers_with(Mixer.DSA) * per_layer
+    specs = cache_specs(config, indexer_paged=indexer_paged)
+    dtype_bytes = BF16_BYTES  # per-sequence tensors have fixed dtypes
+    target_layers = state_bytes_per_slot(specs, PER_SEQUENCE_STATE, max_seq_len, dtype_bytes)
     has_sparse_drafter = config.mtp is not None and SPARSE_ATTENTION in config.mtp.layer_types
     proposer = 0
-    if spec_on and has_sparse_drafter:
+    if spec_on and has_sparse_drafter and config.dsa is not None:
+        drafter_indexer = FlatIndexerSpec(
+            index_head_dim=config.dsa.index_head_dim, index_kpool=config.dsa.index_kpool
+        )
         hidden = config.hidden_size
         proposer = (
-            per_layer  # the drafter layer's own DSA indexer block
+            # the drafter layer's own DSA indexer block
+            drafter_indexer.state_bytes_per_slot(PER_SEQUENCE_STATE, max_seq_len, dtype_bytes)
             + 2 * hidden * BF16_BYTES  # concat of embedding and hidden state
             + hidden * BF16_BYTES  # x
             + config.vocab_size * BF16_BYTES  # logits

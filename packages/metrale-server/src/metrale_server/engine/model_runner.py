@@ -85,9 +85,7 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
+        self.kv_caches.copy_blocks(src, dst)
 
     def prepare_inputs(
         self, step: SchedulerStep

@@ -1,4 +1,4 @@
-"""Typed reads of one JSON object, with errors that name the field and the file."""
+"""Typed reads of one JSON object or GGUF metadata map, with errors naming the field and file."""
 
 from __future__ import annotations
 

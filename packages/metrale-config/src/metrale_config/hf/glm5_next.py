@@ -6,16 +6,17 @@ wrapper's ``text_config`` is read when present, else the top-level fields (a fla
 
 from __future__ import annotations
 
-from metrale_config.hf_config import (
+from collections.abc import Mapping
+
+from metrale_config.fields import FieldReader
+from metrale_config.hf.common import (
     map_layer_type,
     parse_dtype,
     parse_mtp,
     parse_quantization_method,
 )
-from metrale_config.hf_fields import FieldReader
+from metrale_config.layer_types import LayerType
 from metrale_config.model_config import (
-    LINEAR_ATTENTION,
-    SPARSE_ATTENTION,
     DsaConfig,
     LinearAttentionConfig,
     MhcConfig,
@@ -24,11 +25,14 @@ from metrale_config.model_config import (
     MoeConfig,
 )
 
-LAYER_TYPE_NAMES = {
-    "indexed_attention": SPARSE_ATTENTION,
-    "full_attention": SPARSE_ATTENTION,
-    SPARSE_ATTENTION: SPARSE_ATTENTION,
-    LINEAR_ATTENTION: LINEAR_ATTENTION,
+SPARSE = LayerType.SPARSE_ATTENTION
+LINEAR = LayerType.LINEAR_ATTENTION
+# Every attention layer of glm5_next is a DSA layer, whatever its config calls it.
+LAYER_TYPE_NAMES: Mapping[str, LayerType] = {
+    "indexed_attention": SPARSE,
+    "full_attention": SPARSE,
+    SPARSE.value: SPARSE,
+    LINEAR.value: LINEAR,
 }
 _INDEXER_PATTERN_NAMES = {"F": "full", "S": "shared"}
 _NUM_LEADING_DENSE_LAYERS = 3
@@ -89,12 +93,10 @@ def parse_glm5_next(reader: FieldReader, model_type: str) -> ModelConfig:
     )
 
 
-def _layer_types(r: FieldReader, num_layers: int) -> tuple[str, ...]:
+def _layer_types(r: FieldReader, num_layers: int) -> tuple[LayerType, ...]:
     declared = r.optional_string_list("layer_types")
     if declared is None:
-        return tuple(
-            LINEAR_ATTENTION if i % 4 != 3 else SPARSE_ATTENTION for i in range(num_layers)
-        )
+        return tuple(LINEAR if i % 4 != 3 else SPARSE for i in range(num_layers))
     return tuple(map_layer_type(r, "layer_types", kind, LAYER_TYPE_NAMES) for kind in declared)
 
 

@@ -11,26 +11,24 @@ checkpoint's MTP layers are not part of this model and are not counted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import attrs
 
 from metrale_config import ModelConfig
-from metrale_model_arch.memory.glm5_next_skeleton import (
-    Ffn,
-    Glm5NextTextSkeleton,
-    Mixer,
-    SkeletonLayer,
-)
-from metrale_model_arch.memory.weights_moe import (
+from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.moe import (
     require_moe,
     routed_experts_params,
     router_params,
     swiglu_mlp_params,
 )
-
-if TYPE_CHECKING:
-    from metrale_model_arch.memory.weights import ParamCounts
+from metrale_model_arch.glm5_next_skeleton import (
+    Ffn,
+    Glm5NextTextSkeleton,
+    Mixer,
+    SkeletonLayer,
+)
 
 T = TypeVar("T")
 
@@ -48,9 +46,6 @@ class SplitParams:
 
 def glm5_next_param_counts(config: ModelConfig) -> ParamCounts:
     """Exactly as transformers' ``Glm5NextTextModel`` plus a bias-free ``Linear`` LM head."""
-    # NOTE: imported here because weights.py imports this module to register the counter.
-    from metrale_model_arch.memory.weights import ParamCounts
-
     skeleton = Glm5NextTextSkeleton.from_config(config)
     layers = SplitParams()
     for layer in skeleton.layers:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 
 from metrale_config.errors import ConfigError
-from metrale_config.gguf_header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
-from metrale_config.hf_fields import FieldReader
-from metrale_config.model_config import FULL_ATTENTION, ModelConfig
+from metrale_config.fields import FieldReader
+from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
+from metrale_config.gguf.moe import model_type_of, with_moe
+from metrale_config.layer_types import LayerType
+from metrale_config.model_config import ModelConfig
 from metrale_config.rope import RopeScaling
 from metrale_config.validation import validate_model_config
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
 # NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
 # config records it as a rope_type no family implements, so a family refuses it rather than
 # running with the wrong frequencies.
@@ -20,6 +22,7 @@ GGUF_ROPE_FREQS_TYPE = "gguf_rope_freqs"
 
 
 def model_config_from_gguf(path: str | os.PathLike[str]) -> ModelConfig:
+    """Read the header of the GGUF file ``path`` and parse its metadata."""
     return model_config_from_gguf_header(read_gguf_header(path))
 
 
@@ -40,7 +43,7 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
     max_position_embeddings = reader.integer(f"{arch}.context_length")
     config = ModelConfig(
         source=header.source,
-        model_type=arch,
+        model_type=model_type_of(reader, arch),
         vocab_size=_vocab_size(reader, header, arch),
         hidden_size=hidden_size,
         intermediate_size=reader.integer(f"{arch}.feed_forward_length"),
@@ -60,9 +63,10 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         bos_token_id=reader.optional_integer("tokenizer.ggml.bos_token_id"),
         eos_token_ids=reader.optional_integer_list("tokenizer.ggml.eos_token_id") or (),
         pad_token_id=reader.optional_integer("tokenizer.ggml.padding_token_id"),
-        layer_types=(FULL_ATTENTION,) * num_layers,
+        layer_types=(LayerType.FULL_ATTENTION,) * num_layers,
         quantization_method="gguf",
     )
+    config = with_moe(config, reader, header, arch)
     validate_model_config(config)
     return config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metrale_config.hf_fields import FieldReader
+from metrale_config.fields import FieldReader
 from metrale_config.rope import RopeScaling
 
 _FACTOR_REQUIRED = frozenset({"linear", "dynamic", "llama3"})

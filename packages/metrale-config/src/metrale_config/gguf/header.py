@@ -19,7 +19,7 @@ from typing import Final
 import attrs
 
 from metrale_config.errors import ConfigError
-from metrale_config.gguf_values import GgufBytes, GgufCursor, GgufValueType, MalformedGgufError
+from metrale_config.gguf.values import GgufBytes, GgufCursor, GgufValueType, MalformedGgufError
 
 ARCHITECTURE_KEY = "general.architecture"
 ALIGNMENT_KEY = "general.alignment"

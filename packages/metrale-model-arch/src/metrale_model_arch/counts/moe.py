@@ -8,14 +8,11 @@ MLP of ``intermediate_size``. Every parameter is at the serve dtype.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
 from metrale_config import ModelConfig, MoeConfig
-
-if TYPE_CHECKING:
-    from metrale_model_arch.memory.weights import ParamCounts
+from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.llama import llama_param_counts
 
 SPARSE = "sparse"
 
@@ -58,9 +55,6 @@ def mixtral_param_counts(config: ModelConfig) -> ParamCounts:
 
 
 def _routed_moe_param_counts(config: ModelConfig) -> ParamCounts:
-    # NOTE: imported here because weights.py imports this module to register the counters.
-    from metrale_model_arch.memory.weights import llama_param_counts
-
     moe = require_moe(config)
     hidden = config.hidden_size
     sparse_mlp = routed_experts_params(hidden, moe) + router_params(hidden, moe)

@@ -1,4 +1,4 @@
-"""TorchBackend's pointwise ops and write_kv against HF transformers and plain torch."""
+"""The pointwise reference ops and write_kv against HF transformers and plain torch."""
 
 from __future__ import annotations
 
@@ -153,3 +153,17 @@ def test_write_kv_writes_exactly_its_slots(
     assert k_cache.dtype == v_cache.dtype == cache_dtype
     torch.testing.assert_close(k_cache, expected_k, rtol=0, atol=0)
     torch.testing.assert_close(v_cache, expected_v, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_receives_rms_norm_and_silu_and_mul(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 16, generator=generator).to(dtype)
+    weight = torch.randn(16, generator=generator).to(dtype)
+    backend = TorchBackend()
+    normed = torch.full_like(x, float("nan"))
+    assert backend.rms_norm(x, weight, 1e-6, out=normed) is normed
+    torch.testing.assert_close(normed, backend.rms_norm(x, weight, 1e-6), rtol=0, atol=0)
+    activated = torch.full((4, 8), float("nan"), dtype=dtype)
+    assert backend.silu_and_mul(x, out=activated) is activated
+    torch.testing.assert_close(activated, backend.silu_and_mul(x), rtol=0, atol=0)

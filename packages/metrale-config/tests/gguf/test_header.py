@@ -15,7 +15,7 @@ import numpy
 import pytest
 
 from metrale_config import ConfigError, GgufHeader, GgufTensorInfo, read_gguf_header
-from metrale_config.gguf_values import MAX_ARRAY_DEPTH, GgufValueType
+from metrale_config.gguf.values import MAX_ARRAY_DEPTH, GgufValueType
 
 VT = gguf.GGUFValueType
 QT = gguf.GGMLQuantizationType

@@ -1,0 +1,68 @@
+"""``config.json`` → ``ModelConfig``: read the file, dispatch on ``model_type``, validate."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from metrale_config.errors import ConfigError
+from metrale_config.fields import FieldReader
+from metrale_config.hf.glm5_next import parse_glm5_next
+from metrale_config.hf.llama_like import parse_llama_like
+from metrale_config.hf.moe import parse_mixtral, parse_qwen3_moe
+from metrale_config.model_config import ModelConfig
+from metrale_config.validation import validate_model_config
+
+CONFIG_FILE_NAME = "config.json"
+
+_PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
+    "llama": parse_llama_like,
+    "mistral": parse_llama_like,
+    "qwen2": parse_llama_like,
+    "qwen3": parse_llama_like,
+    "qwen3_moe": parse_qwen3_moe,
+    "mixtral": parse_mixtral,
+    "glm5_next": parse_glm5_next,
+    "glm5_next_text": parse_glm5_next,
+}
+
+
+def normalize_model_type(model_type: str) -> str:
+    """``Qwen3-MoE`` → ``qwen3_moe``: lower case, ``-`` and ``.`` become ``_``."""
+    return model_type.lower().replace("-", "_").replace(".", "_")
+
+
+def model_config_from_hf_file(path: str | os.PathLike[str]) -> ModelConfig:
+    """Read ``path`` (a ``config.json`` or a directory holding one) and parse it."""
+    file_path = Path(path)
+    if file_path.is_dir():
+        file_path = file_path / CONFIG_FILE_NAME
+    source = f"{CONFIG_FILE_NAME} at {file_path}"
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot be read: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: must hold a JSON object, got {type(data).__name__}")
+    return model_config_from_hf_dict(data, source=source)
+
+
+def model_config_from_hf_dict(data: Mapping[str, object], *, source: str) -> ModelConfig:
+    """Parse a loaded ``config.json`` object; every error message starts with ``source``."""
+    reader = FieldReader(source=source, data=data)
+    model_type = normalize_model_type(reader.string("model_type"))
+    parser = _PARSERS.get(model_type)
+    if parser is None:
+        supported = ", ".join(sorted(_PARSERS))
+        raise ConfigError(
+            f"{source}: unsupported model_type '{model_type}'; supported: {supported}"
+        )
+    config = parser(reader, model_type)
+    validate_model_config(config)
+    return config

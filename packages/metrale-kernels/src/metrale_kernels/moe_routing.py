@@ -1,0 +1,74 @@
+"""Reference MoE routers: which ``top_k`` experts each token goes to, and with what weight.
+
+Both return ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 and int64, each row in
+descending order of the score the experts were chosen by.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_top_k(router_logits: torch.Tensor, top_k: int) -> None:
+    num_experts = router_logits.shape[-1]
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..{num_experts} (the number of experts), got {top_k}")
+
+
+def softmax_topk_routing(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over ``router_logits (tokens, experts)`` in float32, then ``torch.topk``.
+
+    Mixtral (``renormalize=True``) and Qwen3-MoE (``renormalize=norm_topk_prob``): with
+    ``renormalize`` the chosen probabilities are divided by their sum. Ties go the way
+    ``torch.topk`` breaks them on the probabilities, as in transformers.
+    """
+    _check_top_k(router_logits, top_k)
+    probs = router_logits.float().softmax(dim=-1)
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids
+
+
+def grouped_sigmoid_topk_routing(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    *,
+    num_groups: int,
+    topk_groups: int,
+    renormalize: bool,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 / GLM routing: sigmoid scores, group-limited top-k on the biased scores.
+
+    Experts ``(tokens, experts)`` split into ``num_groups`` equal groups; a group scores the sum
+    of its two best biased scores ``sigmoid(logit) + correction_bias``; each token picks among
+    the experts of its ``topk_groups`` best groups the ``top_k`` of highest biased score. The
+    weights are the unbiased sigmoid scores of those experts, divided by their sum (plus
+    1e-20) when ``renormalize``, times ``routed_scaling_factor``.
+    """
+    _check_top_k(router_logits, top_k)
+    num_tokens, num_experts = router_logits.shape
+    if num_groups < 1 or num_experts % num_groups:
+        raise ValueError(f"{num_experts} experts cannot form {num_groups} equal groups")
+    if not 0 < topk_groups <= num_groups:
+        raise ValueError(f"topk_groups must be in 1..{num_groups}, got {topk_groups}")
+    if top_k > topk_groups * (num_experts // num_groups):
+        raise ValueError(f"top_k {top_k} exceeds the experts of {topk_groups} groups")
+    scores = router_logits.float().sigmoid()
+    biased = scores + correction_bias.float()
+    if topk_groups < num_groups:
+        # (tokens, groups, experts_per_group)
+        grouped = biased.view(num_tokens, num_groups, -1)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)
+        group_ids = group_scores.topk(topk_groups, dim=-1)[1]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_ids, True)
+        biased = grouped.masked_fill(~group_mask[..., None], float("-inf")).view_as(biased)
+    topk_ids = biased.topk(top_k, dim=-1)[1]
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return topk_weights * routed_scaling_factor, topk_ids

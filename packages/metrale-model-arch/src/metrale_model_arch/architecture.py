@@ -1,0 +1,47 @@
+"""``Architecture``: everything Metrale knows about one model type, in one record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+
+from metrale_config import ModelConfig
+from metrale_model_arch.cache_spec import LayerCacheSpec
+from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.loading.gguf_names import GgufNames
+from metrale_model_arch.loading.mapping import CheckpointMapping
+
+
+class CacheSpecs(Protocol):
+    def __call__(
+        self, config: ModelConfig, *, indexer_paged: bool
+    ) -> tuple[LayerCacheSpec, ...]: ...
+
+
+@attrs.frozen(kw_only=True)
+class Architecture:
+    """One model type: how to run it, load it and plan its memory.
+
+    ``module`` is ``None`` for a type that is planned but not yet runnable (its memory plan
+    works, building it raises :class:`~metrale_model_arch.registry.UnsupportedModelError`);
+    ``checkpoint_mapping`` is then ``None`` too. ``gguf_names`` is ``None`` for a type with no
+    llama.cpp counterpart. ``param_counts`` counts exactly the parameters ``module`` builds (and
+    those the mapping keeps in float32, in ``layers_fp32``); ``cache_specs`` gives one spec per
+    layer, priced by the plan and allocated by the runner. ``skeleton`` is the stack's shape from
+    the config alone, for types whose layers differ by more than ``layer_types`` says.
+    """
+
+    model_type: str
+    module: type[CausalLM] | None
+    checkpoint_mapping: Callable[[ModelConfig], CheckpointMapping] | None
+    gguf_names: GgufNames | None
+    param_counts: Callable[[ModelConfig], ParamCounts]
+    cache_specs: CacheSpecs
+    skeleton: Callable[[ModelConfig], object] | None = None
+
+    @property
+    def is_runnable(self) -> bool:
+        return self.module is not None and self.checkpoint_mapping is not None

@@ -1,0 +1,265 @@
+"""Per-layer cache specs: what each decoder layer keeps between steps, and what it costs.
+
+A spec names the layer's tensors, never allocates them. Paged tensors live in the KV pool, one
+``(num_blocks, block_size, *token_shape)`` tensor per role; per-sequence state lives in a pool
+of slots, one ``(num_slots, *shape)`` tensor per role. The memory plan prices these specs and
+the allocators (:mod:`metrale_model_arch.kv_cache`) allocate them, so the two agree by
+construction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+
+from metrale_config import LINEAR_ATTENTION, SLIDING_ATTENTION, SPARSE_ATTENTION, ModelConfig
+from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
+
+# "model": the serve dtype; the others are fixed whatever the serve dtype.
+TensorDtype = Literal["model", "float32", "uint8"]
+FIXED_DTYPE_BYTES: dict[str, int] = {"float32": 4, "uint8": 1}
+FLOAT32_BYTES = 4
+
+
+def dtype_bytes_of(dtype: TensorDtype, model_dtype_bytes: int) -> int:
+    return model_dtype_bytes if dtype == "model" else FIXED_DTYPE_BYTES[dtype]
+
+
+@attrs.frozen(kw_only=True)
+class PagedTensors:
+    """Tensors of one layer stored per token in the KV pool, one per role, all alike.
+
+    Layers whose ``PagedTensors`` are equal share one allocation.
+    """
+
+    roles: tuple[str, ...]
+    token_shape: tuple[int, ...]
+    dtype: TensorDtype
+
+    def bytes_per_token(self, model_dtype_bytes: int) -> int:
+        itemsize = dtype_bytes_of(self.dtype, model_dtype_bytes)
+        return len(self.roles) * math.prod(self.token_shape) * itemsize
+
+
+@attrs.frozen(kw_only=True)
+class StateTensor:
+    """One per-sequence tensor of a layer: ``shape`` per slot, in pool ``owner``."""
+
+    role: str
+    shape: tuple[int, ...]
+    dtype: TensorDtype
+    owner: str
+    # Slots the pool holds beyond the sequences' own (padded rows write to a dummy slot).
+    num_dummy_slots: int = 0
+
+    def bytes_per_slot(self, model_dtype_bytes: int) -> int:
+        return math.prod(self.shape) * dtype_bytes_of(self.dtype, model_dtype_bytes)
+
+
+@attrs.frozen(kw_only=True)
+class LayerCacheSpec:
+    """What one decoder layer caches: nothing, unless a subclass says so."""
+
+    def paged(self) -> tuple[PagedTensors, ...]:
+        return ()
+
+    def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
+        """Per-sequence tensors at a ``max_seq_len`` context."""
+        del max_seq_len
+        return ()
+
+    def paged_bytes_per_token(self, model_dtype_bytes: int) -> int:
+        return sum(tensors.bytes_per_token(model_dtype_bytes) for tensors in self.paged())
+
+    def state_bytes_per_slot(self, owner: str, max_seq_len: int, model_dtype_bytes: int) -> int:
+        return sum(
+            tensor.bytes_per_slot(model_dtype_bytes)
+            for tensor in self.state(max_seq_len)
+            if tensor.owner == owner
+        )
+
+
+@attrs.frozen(kw_only=True)
+class FullAttentionSpec(LayerCacheSpec):
+    """K and V of every token: ``(kv_heads, head_dim)`` each, at the serve dtype."""
+
+    num_kv_heads: int
+    head_dim: int
+
+    def paged(self) -> tuple[PagedTensors, ...]:
+        shape = (self.num_kv_heads, self.head_dim)
+        return (PagedTensors(roles=("k", "v"), token_shape=shape, dtype="model"),)
+
+
+@attrs.frozen(kw_only=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    """Stored like full attention; attention reads only the last ``sliding_window`` tokens."""
+
+    sliding_window: int
+
+
+@attrs.frozen(kw_only=True)
+class MlaLatentSpec(LayerCacheSpec):
+    """MLA: the compressed latent and the decoupled RoPE key, once per token."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def paged(self) -> tuple[PagedTensors, ...]:
+        return (PagedTensors(roles=("latent",), token_shape=(self.latent_dim,), dtype="model"),)
+
+
+@attrs.frozen(kw_only=True)
+class PagedIndexerSpec(LayerCacheSpec):
+    """The DSA indexer's float32 key of every token, in the KV pool."""
+
+    index_head_dim: int
+
+    def paged(self) -> tuple[PagedTensors, ...]:
+        shape = (self.index_head_dim,)
+        return (PagedTensors(roles=("index_keys",), token_shape=shape, dtype="float32"),)
+
+
+@attrs.frozen(kw_only=True)
+class FlatIndexerSpec(LayerCacheSpec):
+    """The DSA indexer held per sequence: a float32 key and a one-byte scale/flag for each of
+    :func:`dsa_capacity` tokens."""
+
+    index_head_dim: int
+    index_kpool: int
+
+    def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
+        capacity = dsa_capacity(max_seq_len, self.index_kpool)
+        return (
+            StateTensor(
+                role="index_keys",
+                shape=(capacity, self.index_head_dim),
+                dtype="float32",
+                owner=PER_SEQUENCE_STATE,
+            ),
+            StateTensor(
+                role="index_flags", shape=(capacity,), dtype="uint8", owner=PER_SEQUENCE_STATE
+            ),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SparseAttentionSpec(LayerCacheSpec):
+    """A DSA layer: the MLA latent, paged, and the indexer keys, paged or per sequence."""
+
+    latent: MlaLatentSpec
+    indexer: PagedIndexerSpec | FlatIndexerSpec
+
+    def paged(self) -> tuple[PagedTensors, ...]:
+        return self.latent.paged() + self.indexer.paged()
+
+    def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
+        return self.indexer.state(max_seq_len)
+
+
+@attrs.frozen(kw_only=True)
+class LinearAttentionSpec(LayerCacheSpec):
+    """Linear attention (KDA): nothing per token; per sequence a float32 recurrent state
+    ``(heads, head_dim, head_dim)`` and the last ``conv_kernel_dim - 1`` inputs of the short
+    convolution over q, k and v. The pool holds one dummy slot for padded rows."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel_dim: int
+
+    def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
+        del max_seq_len
+        channels = 3 * self.num_heads * self.head_dim
+        return (
+            StateTensor(
+                role="recurrent",
+                shape=(self.num_heads, self.head_dim, self.head_dim),
+                dtype="float32",
+                owner=LINEAR_STATE_POOL,
+                num_dummy_slots=1,
+            ),
+            StateTensor(
+                role="conv",
+                shape=(channels, self.conv_kernel_dim - 1),
+                dtype="float32",
+                owner=LINEAR_STATE_POOL,
+                num_dummy_slots=1,
+            ),
+        )
+
+
+def dsa_capacity(max_seq_len: int, index_kpool: int) -> int:
+    """Tokens a flat indexer cache holds for a ``max_seq_len`` context: keys are pooled
+    ``index_kpool`` tokens at a time, so whole pools only."""
+    pool = max(index_kpool, 1)
+    return (max_seq_len // pool) * pool
+
+
+def layer_sliding_window(config: ModelConfig, layer_index: int) -> int | None:
+    """The window of layer ``layer_index``: every layer's when ``layer_types`` is empty."""
+    if config.sliding_window is None:
+        return None
+    if config.layer_types and config.layer_types[layer_index] != SLIDING_ATTENTION:
+        return None
+    return config.sliding_window
+
+
+def attention_cache_specs(
+    config: ModelConfig, *, indexer_paged: bool
+) -> tuple[LayerCacheSpec, ...]:
+    """One spec per layer, read from ``layer_types`` and the MLA / DSA / linear sections.
+
+    Every attention layer of an MLA model caches the latent; a sparse-attention layer adds its
+    indexer keys (in the KV pool with ``indexer_paged``, else per sequence).
+    """
+    layer_types = config.layer_types or ("full_attention",) * config.num_hidden_layers
+    specs: list[LayerCacheSpec] = []
+    for index, kind in enumerate(layer_types):
+        if kind == LINEAR_ATTENTION:
+            linear = config.linear_attention
+            if linear is None:
+                raise ValueError(
+                    f"{config.source}: layer {index} is linear attention without its fields"
+                )
+            specs.append(
+                LinearAttentionSpec(
+                    num_heads=linear.num_heads,
+                    head_dim=linear.head_dim,
+                    conv_kernel_dim=linear.conv_kernel_dim,
+                )
+            )
+        elif config.mla is not None:
+            latent = MlaLatentSpec(
+                kv_lora_rank=config.mla.kv_lora_rank, qk_rope_head_dim=config.mla.qk_rope_head_dim
+            )
+            if kind == SPARSE_ATTENTION and config.dsa is not None:
+                indexer: PagedIndexerSpec | FlatIndexerSpec = (
+                    PagedIndexerSpec(index_head_dim=config.dsa.index_head_dim)
+                    if indexer_paged
+                    else FlatIndexerSpec(
+                        index_head_dim=config.dsa.index_head_dim,
+                        index_kpool=config.dsa.index_kpool,
+                    )
+                )
+                specs.append(SparseAttentionSpec(latent=latent, indexer=indexer))
+            else:
+                specs.append(latent)
+        elif (window := layer_sliding_window(config, index)) is not None:
+            specs.append(
+                SlidingWindowSpec(
+                    num_kv_heads=config.num_key_value_heads,
+                    head_dim=config.head_dim,
+                    sliding_window=window,
+                )
+            )
+        else:
+            specs.append(
+                FullAttentionSpec(num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim)
+            )
+    return tuple(specs)

@@ -1,0 +1,27 @@
+"""The owners every byte of device memory is charged to, shared by the plan and the allocators."""
+
+from __future__ import annotations
+
+EMBEDDINGS = "weights.embeddings"
+LAYERS = "weights.layers"
+FINAL_NORM = "weights.final_norm"
+LM_HEAD = "weights.lm_head"
+WEIGHT_OWNERS = (EMBEDDINGS, LAYERS, FINAL_NORM, LM_HEAD)
+
+ROPE_TABLE = "rope_table"
+KV_POOL = "kv_pool"
+BUFFER_ARENA = "buffer_arena"
+PER_SEQUENCE_STATE = "per_sequence_state"
+LINEAR_STATE_POOL = "linear_state_pool"
+RUNTIME_HEADROOM = "runtime_headroom"
+
+
+def weight_owner(param_name: str) -> str:
+    """The owner of a parameter by its Hugging Face name (``model.layers.3.mlp...`` -> layers)."""
+    if param_name.startswith("lm_head."):
+        return LM_HEAD
+    if param_name.startswith("model.embed_tokens."):
+        return EMBEDDINGS
+    if param_name.startswith("model.norm."):
+        return FINAL_NORM
+    return LAYERS
