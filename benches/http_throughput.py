@@ -9,6 +9,8 @@ makes exactly its tokens, temperature 0. Then the same prompts and sampling para
 through ``metrale_server.LLM`` in this process with the same engine settings. Throughput =
 requested output tokens / wall time (first request sent to last stream closed), the best of
 ``--repeats`` interleaved runs of each. Prints both and the ratio HTTP ÷ offline (goal >= 0.9).
+Then one stream alone: its time per output token over HTTP (first to last streamed token)
+against the offline engine's batch-1 decode step on the same request (goal: within 15%).
 The client runs on the same machine as the server, so on a small box it takes CPU time the
 engine would otherwise have.
 """
@@ -69,6 +71,35 @@ async def run_http(base_url: str, model: str, workload: Workload) -> float:
         elapsed = time.perf_counter() - start
     assert counts == [n for _, n in workload], "a stream made fewer tokens than asked"
     return elapsed
+
+
+async def single_stream_tpot(base_url: str, model: str, prompt: list[int], n: int) -> float:
+    """Seconds between streamed tokens of one request alone (first to last token)."""
+    async with openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=600
+    ) as client:
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=n,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        arrivals = [time.perf_counter() async for chunk in stream if chunk.choices]
+    return (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+
+
+def offline_decode_step(llm: LLM, prompt: list[int], n: int) -> float:
+    """Seconds per batch-1 decode step: the run of ``n`` tokens less the run of one."""
+
+    def run(max_tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": prompt}], params)
+        return time.perf_counter() - start
+
+    return (run(n) - run(1)) / (n - 1)
 
 
 def run_offline(llm: LLM, workload: Workload) -> float:
@@ -146,6 +177,15 @@ def main() -> None:
         for _ in range(args.repeats):
             http_times.append(asyncio.run(run_http(server.base_url, model.data[0].id, workload)))
             offline_times.append(run_offline(llm, workload))
+        single_prompt, single_n = workload[0][0], 64 if args.quick else 128
+        served_tpots, offline_steps = [], []
+        for _ in range(args.repeats):
+            served_tpots.append(
+                asyncio.run(
+                    single_stream_tpot(server.base_url, model.data[0].id, single_prompt, single_n)
+                )
+            )
+            offline_steps.append(offline_decode_step(llm, single_prompt, single_n))
     finally:
         exit_code = server.stop(timeout_s=60)
     assert exit_code == 0, server.log_text()
@@ -154,6 +194,11 @@ def main() -> None:
     print(f"HTTP:    {http_rate:.1f} output tok/s (runs: {_seconds(http_times)})")
     print(f"offline: {offline_rate:.1f} output tok/s (runs: {_seconds(offline_times)})")
     print(f"ratio HTTP / offline: {http_rate / offline_rate:.2f} (goal >= 0.9)")
+    served_tpot, offline_step = min(served_tpots), min(offline_steps)
+    print(
+        f"1 stream: served TPOT {served_tpot * 1e3:.1f} ms, offline batch-1 step "
+        f"{offline_step * 1e3:.1f} ms, ratio {served_tpot / offline_step:.2f} (goal <= 1.15)"
+    )
 
 
 def _seconds(times: list[float]) -> str:

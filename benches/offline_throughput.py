@@ -125,7 +125,7 @@ def profile_host_work(llm: LLM) -> dict[str, float]:
 
     timed(engine.core.scheduler, "schedule", "scheduling")
     timed(runner, "prepare_inputs", "input preparation")
-    timed(runner.loaded, "model", "forward (model)")
+    timed(runner, "forward", "forward incl. input preparation")
     timed(runner, "execute", "runner total")
     timed(engine.core, "_update", "core update")
     timed(engine.processor, "process", "output processing")
@@ -136,22 +136,26 @@ def profile_host_work(llm: LLM) -> dict[str, float]:
 
 def print_profile(totals: dict[str, float], num_steps: int) -> None:
     step = totals["engine step"]
-    forward = totals["forward (model)"]
-    sampling = totals["runner total"] - forward - totals["input preparation"]
+    forward = totals["forward incl. input preparation"] - totals["input preparation"]
+    sampling = totals["runner total"] - totals["forward incl. input preparation"]
     rows = {
         "scheduling": totals["scheduling"],
         "input preparation": totals["input preparation"],
-        "sampling (incl. logits)": sampling,
+        "sampling": sampling,
         "core update": totals["core update"],
         "output processing": totals["output processing"],
     }
     print(f"profile over {num_steps} steps, {step:.1f} s in Engine.step:")
-    print(f"  forward pass: {forward:.2f} s = {forward / step:.1%}")
+    print(f"  forward pass and logits: {forward:.2f} s = {forward / step:.1%}")
     for name, seconds in rows.items():
         print(f"  {name}: {seconds:.2f} s = {seconds / step:.1%}")
-    host = sum(rows.values()) - rows["sampling (incl. logits)"]
+    host = sum(rows.values()) - rows["sampling"]
     print(f"  host work without sampling: {host / step:.1%} of the step (goal < 10%)")
     print(f"  host work with sampling: {sum(rows.values()) / step:.1%} of the step")
+
+
+def _rates(runs: list[float]) -> str:
+    return ", ".join(f"{rate:.1f}" for rate in runs)
 
 
 def decode_weight_bandwidth(llm: LLM, num_tokens: int) -> float:
@@ -223,19 +227,36 @@ def main() -> None:
     del llm, engine
 
     if args.sweep:
-        best_explicit = 0.0
-        for max_batch_size in (32, 64):
-            for max_batch_tokens in (512, 2048, 4096):
-                explicit = LLM(max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
-                run_engine(explicit, requests[:2])
-                rate = num_output / run_engine(explicit, requests)
-                best_explicit = max(best_explicit, rate)
-                print(
-                    f"  explicit max_batch_size {max_batch_size}, max_batch_tokens "
-                    f"{max_batch_tokens}: {rate:.1f} output tok/s"
-                )
-                del explicit
-        print(f"defaults / best explicit setting: {ours / best_explicit:.2f} (goal >= 0.95)")
+        # Interleaved, best of two: on a shared machine the load drifts between runs, and a
+        # setting measured once, alone, can lose to a slower moment rather than to another.
+        settings: dict[str, dict[str, int]] = {
+            "defaults": {},
+            "max_batch_size 64, max_batch_tokens 512": {
+                "max_batch_size": 64,
+                "max_batch_tokens": 512,
+            },
+            "max_batch_size 64, max_batch_tokens 1024": {
+                "max_batch_size": 64,
+                "max_batch_tokens": 1024,
+            },
+            "max_batch_size 64, max_batch_tokens 4096": {
+                "max_batch_size": 64,
+                "max_batch_tokens": 4096,
+            },
+        }
+        engines = {name: LLM(**fields) for name, fields in settings.items()}
+        rates: dict[str, list[float]] = {name: [] for name in settings}
+        for _ in range(2):
+            for name, candidate in engines.items():
+                run_engine(candidate, requests[:2])
+                rates[name].append(num_output / run_engine(candidate, requests))
+        for name, runs in rates.items():
+            print(f"  {name}: {max(runs):.1f} output tok/s (runs: {_rates(runs)})")
+        best_explicit = max(max(runs) for name, runs in rates.items() if name != "defaults")
+        print(
+            f"defaults / best explicit setting: {max(rates['defaults']) / best_explicit:.2f} "
+            "(goal >= 0.95)"
+        )
 
     if args.no_baseline:
         return

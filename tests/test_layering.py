@@ -195,3 +195,33 @@ def test_cycle_checker_resolves_relative_imports_and_skips_deferred_ones(tmp_pat
     assert find_cycle(import_graph(tmp_path)) is None
     (pkg / "sub" / "b.py").write_text("try:\n    from .. import a\nexcept ImportError:\n    pass\n")
     assert find_cycle(import_graph(tmp_path)) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+
+
+# metrale-server's subpackages, lowest first: each may import only those before it.
+SERVER_LAYERS = (
+    ("args", "devices"),
+    ("sampling",),
+    ("output",),
+    ("memory",),
+    ("engine",),
+    ("api",),
+    ("tui",),
+    ("cli", "__main__"),
+)
+
+
+def test_server_subpackages_import_only_lower_layers() -> None:
+    source = ROOT / "packages" / "metrale-server" / "src"
+    rank = {name: level for level, names in enumerate(SERVER_LAYERS) for name in names}
+    violations: list[str] = []
+    for module, imported in sorted(import_graph(source).items()):
+        part = module.split(".")[1] if "." in module else None
+        if part is None:
+            continue
+        for target in sorted(imported):
+            target_part = target.split(".")[1] if "." in target else None
+            if target_part is None or target_part == part:
+                continue
+            if rank[target_part] > rank[part]:
+                violations.append(f"{module} imports {target}")
+    assert not violations, "\n".join(violations)

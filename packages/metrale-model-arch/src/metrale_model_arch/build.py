@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +25,32 @@ IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 TIED_LM_HEAD = "lm_head.weight"
 ROPE_TABLE_BUFFER = "cos_sin_cache"
 _MAX_LISTED_NAMES = 20
+
+
+# The initializers torch's layers call in ``reset_parameters``.
+_INITIALIZERS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                 "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Layers built on the meta device skip their random init.
+
+    NOTE: not only wasted work: on the meta device ``normal_`` goes through torch's Python
+    reference ops, whose first use imports ``torch._dynamo`` (over a second of start-up).
+    """
+
+    def keep(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return tensor
+
+    saved = {name: getattr(nn.init, name) for name in _INITIALIZERS}
+    try:
+        for name in _INITIALIZERS:
+            setattr(nn.init, name, keep)
+        yield
+    finally:
+        for name, initializer in saved.items():
+            setattr(nn.init, name, initializer)
 
 
 class _Coverage:
@@ -84,7 +112,7 @@ def build_model(
     assert record.module is not None
     assert record.checkpoint_mapping is not None
     target_of = mapping or record.checkpoint_mapping(config)
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         model = record.module(config, max_seq_len=max_seq_len, backend=get_backend(device))
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}

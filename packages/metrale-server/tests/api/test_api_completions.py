@@ -219,3 +219,16 @@ def test_seeded_sampling_is_reproducible(server: Any) -> None:
     first = post(server, sampled)["choices"][0]["text"]
     assert post(server, sampled)["choices"][0]["text"] == first
     assert post(server, {**sampled, "seed": 12})["choices"][0]["text"] != first
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(server: Any) -> None:
+    # Prefix caching is on by default: the second request reuses the first one's full blocks.
+    prompt = " ".join(f"word{i}" for i in range(40))
+    first = post(server, greedy(prompt=prompt))
+    second = post(server, greedy(prompt=prompt))
+    num_prompt = first["usage"]["prompt_tokens"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (num_prompt - 1) // 16 * 16  # whole blocks; the last token is recomputed
+    assert cached >= 16
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from metrale_server import Engine
-from metrale_server.engine.core_output import EngineCoreOutput
+from metrale_server.output.core_output import EngineCoreOutput
 
 USER = [{"role": "user", "content": "Hi"}]
 COMPLETIONS = "/v1/completions"

@@ -99,7 +99,7 @@ def test_served_name_of_a_directory_is_the_name_asked_for(tmp_path: Path) -> Non
 def test_all_interfaces_are_warned_about(
     host: str, is_warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from metrale_server.cli.serve import warn_if_exposed
+    from metrale_server.cli.serve_runtime import warn_if_exposed
 
     with caplog.at_level(logging.WARNING):
         warn_if_exposed(_args(host))

@@ -17,7 +17,7 @@ from metrale_server import (
     RequestOutput,
     SamplingParams,
 )
-from metrale_server.engine.core_output import EngineCoreOutput
+from metrale_server.output.core_output import EngineCoreOutput
 from metrale_server.output.processor import ProcessedOutputs
 
 

@@ -46,14 +46,14 @@ def test_rows_are_written_incrementally_and_rewritten_when_a_slot_changes_hands(
     slots.assign(a)
     a.block_table = [5, 6]
     assert table.sync(a) == 0
-    table.flush()
+    assert table.flush() == [0]  # a new owner: its per-slot state is reset by the runner
     assert table.table[0].tolist() == [5, 6, -1, -1]
 
     # A copy-on-write replaced the last block and a new block arrived: both are written.
     a.block_table = [5, 9, 7]
     table.table[0, 0] = 42  # a stale entry the sync must not touch (only the tail is written)
     table.sync(a)
-    table.flush()
+    assert table.flush() == []
     assert table.table[0].tolist() == [42, 9, 7, -1]
 
     slots.release(a)
@@ -61,7 +61,7 @@ def test_rows_are_written_incrementally_and_rewritten_when_a_slot_changes_hands(
     slots.assign(b)  # the same row, a new ticket: written from scratch
     b.block_table = [1]
     table.sync(b)
-    table.flush()
+    assert table.flush() == [0]
     assert table.table[0].tolist() == [1, 9, 7, -1]  # entries past its table are never read
     with pytest.raises(ValueError, match="no state slot"):
         table.sync(seq(3))

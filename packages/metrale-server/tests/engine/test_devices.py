@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from metrale_server.engine.devices import resolve_device, resolve_dtype
+from metrale_server.devices import resolve_device, resolve_dtype
 
 
 def test_auto_is_cpu_float32_without_cuda() -> None:

@@ -18,8 +18,8 @@ from metrale_config import ModelConfig
 from metrale_model_arch import load_model
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server import EngineArgs
-from metrale_server.cli.serve import ServeError, preflight
 from metrale_server.cli.serve_args import ServeArgs
+from metrale_server.cli.serve_runtime import ServeError, preflight
 from metrale_server.memory.host_memory import host_total_memory_bytes, mem_available_at_start_bytes
 from metrale_server.memory.preflight import (
     device_total_bytes,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from metrale_model_arch import Tokenizer
-from metrale_server.engine.core_output import EngineCoreOutput, SequenceDelta
+from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.output.processor import OutputProcessor, RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
 

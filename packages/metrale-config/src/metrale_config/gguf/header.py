@@ -83,12 +83,23 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
     Raises one ``ConfigError`` naming the file when it is missing, not GGUF (version 2 or 3),
     truncated (in the metadata, in the tensor index, or with tensor data past its end) or
     corrupt (unknown value or ggml types, counts its bytes cannot hold, duplicate keys or tensor
-    names, a bad ``general.alignment``).
+    names, a bad ``general.alignment``). The last few headers read are kept, keyed by the
+    file's size and modification time (a serve reads its model's header for the memory plan
+    and again to load): treat the result as read-only.
     """
     file_path = Path(path)
     source = f"GGUF file at {file_path}"
     if not file_path.is_file():
         raise ConfigError(f"{source}: no such file")
+    stat = file_path.stat()
+    return _read_header(str(file_path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: str, size: int, mtime_ns: int) -> GgufHeader:
+    del size, mtime_ns  # part of the cache key only
+    file_path = Path(path)
+    source = f"GGUF file at {file_path}"
     try:
         with file_path.open("rb") as file:
             if os.fstat(file.fileno()).st_size == 0:

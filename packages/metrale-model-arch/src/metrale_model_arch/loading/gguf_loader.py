@@ -20,6 +20,7 @@ from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.gguf_dequant import dequantize
 from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
 from metrale_model_arch.registry import planned_architecture
@@ -170,7 +171,7 @@ def _read_tensor(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> to
         )
     raw = file_data[info.data_offset : info.data_offset + info.num_bytes]
     blocks = raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
-    values = gguf.quants.dequantize(np.asarray(blocks), tensor.ggml_type)
+    values = dequantize(np.asarray(blocks), tensor.ggml_type)
     if tensor.num_permuted_heads is not None:
         values = unpermute_rotary_rows(values, tensor.num_permuted_heads)
     if not values.flags.writeable:

@@ -11,4 +11,5 @@ from metrale_server.memory.report import memory_report
 
 async def get_memory(request: Request, *, state: ServerState) -> Response:
     # The /proc reads are a few microseconds; no need to leave the event loop.
-    return JSONResponse(memory_report(state.engine).to_json())
+    engine = state.engine
+    return JSONResponse(memory_report(engine.plan, engine.ledger, engine.loaded.device).to_json())

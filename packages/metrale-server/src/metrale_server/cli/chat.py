@@ -10,6 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
+import click
+
+from metrale_server.cli.common import CONTEXT
 from metrale_server.tui.chat_backends import ChatBackend, ChatError, Message
 
 USER_PROMPT = "you> "
@@ -85,3 +88,67 @@ def _stream_reply(backend: ChatBackend, messages: list[Message], out: TextIO) ->
             close()
     print(file=out)
     return "".join(pieces)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option(
+    "--url",
+    default=None,
+    help="Chat with the server at URL (default http://127.0.0.1:8888 unless --model is given).",
+)
+@click.option(
+    "--model",
+    "-m",
+    default=None,
+    help="Run MODEL in this process instead of talking to a server: a local model directory, "
+    "a .gguf file, or a name found in the HF hub cache.",
+)
+@click.option("--api-key", default=None, help="Sent to --url as 'Authorization: Bearer KEY'.")
+@click.option("--system", default=None, help="A system message that starts the conversation.")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="New tokens at most per reply.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.7,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy.",
+)
+def chat(
+    url: str | None,
+    model: str | None,
+    api_key: str | None,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+) -> None:
+    """Chat in the terminal; replies stream. /reset forgets the conversation, /exit quits."""
+    if url is not None and model is not None:
+        raise click.UsageError("give --url or --model, not both")
+    from metrale_server.tui.chat_backends import EngineChatBackend, HttpChatBackend
+
+    backend: ChatBackend
+    if model is not None:
+        from metrale_server.args import EngineArgs
+        from metrale_server.engine.engine import Engine
+
+        try:
+            engine = Engine(EngineArgs(model=model))
+        except (ValueError, OSError) as error:
+            raise click.ClickException(str(error)) from error
+        backend = EngineChatBackend(
+            engine, model_name=model, max_tokens=max_tokens, temperature=temperature
+        )
+    else:
+        backend = HttpChatBackend(
+            url or "http://127.0.0.1:8888",
+            api_key=api_key,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+    click.get_current_context().exit(run_chat(backend, system_prompt=system))

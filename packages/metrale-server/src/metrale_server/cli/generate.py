@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TextIO
 
-from metrale_server.engine.args import EngineArgs
-from metrale_server.engine.core import RequestError
-from metrale_server.engine.engine import Engine
-from metrale_server.sampling.params import SamplingParams
+import click
+
+from metrale_server.args import DTYPE_NAMES
+from metrale_server.cli.common import CONTEXT, MODEL_HELP
 
 
 def run_generate(
@@ -23,6 +24,11 @@ def run_generate(
     out: TextIO,
 ) -> None:
     """Errors reach the user as ``ValueError`` (``RequestError`` included) or ``OSError``."""
+    from metrale_server.args import EngineArgs
+    from metrale_server.engine.core import RequestError
+    from metrale_server.engine.engine import Engine
+    from metrale_server.sampling.params import SamplingParams
+
     engine = Engine(EngineArgs(model=model, dtype=dtype, device=device, max_batch_size=1))
     loaded = engine.loaded
     if chat:
@@ -40,3 +46,60 @@ def run_generate(
             out.flush()
     out.write("\n")
     out.flush()
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("prompt")
+@click.option("--model", "-m", default=None, help=MODEL_HELP)
+@click.option(
+    "--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template."
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="New tokens at most.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy.",
+)
+@click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same text).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", *DTYPE_NAMES]),
+    default="auto",
+    show_default=True,
+    help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+)
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+def generate(
+    prompt: str,
+    model: str | None,
+    chat: bool,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    dtype: str,
+    device: str,
+) -> None:
+    """Print the model's continuation of PROMPT."""
+    try:
+        run_generate(
+            prompt,
+            model=model,
+            chat=chat,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            out=sys.stdout,
+        )
+    except (ValueError, OSError) as error:
+        # Config, checkpoint, tokenizer and model-resolution errors all say what is wrong.
+        raise click.ClickException(str(error)) from error

@@ -1,14 +1,19 @@
-"""The click options that shape the memory plan, shared by ``met serve`` and ``met memory``."""
+"""The click options that shape the memory plan, shared by ``met serve`` and ``met memory``.
+
+``@plan_options`` adds them to a command and hands the command one ``plan: PlanOptions``
+argument instead of ten, from which ``engine_args`` builds the ``EngineArgs``.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
 import click
 
-from metrale_server.engine.args import EngineArgs
-from metrale_server.engine.devices import DTYPES
+from metrale_server.args import DTYPE_NAMES, EngineArgs
 
 _DEFAULTS = EngineArgs()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,6 +36,37 @@ class BatchSizeType(click.ParamType):  # type: ignore[type-arg]
         if number < 1:
             self.fail(f"{number} is not >= 1", param, ctx)
         return number
+
+
+@attrs.frozen(kw_only=True)
+class PlanOptions:
+    max_seq_len: int | None
+    block_size: int
+    gpu_memory_utilization: float
+    max_batch_size: int | None
+    max_prefill_tokens: int
+    num_kv_blocks: int | None
+    kv_cache_memory_gib: float | None
+    dtype: str
+    device: str
+
+    def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
+        return EngineArgs(
+            model=model,
+            dtype=self.dtype,
+            device=self.device,
+            block_size=self.block_size,
+            max_seq_len=self.max_seq_len,
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_prefill_tokens,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory_gib=self.kv_cache_memory_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            **fields,
+        )
+
+
+_PLAN_FIELDS = tuple(field.name for field in attrs.fields(PlanOptions))
 
 
 def plan_options(command: F) -> F:
@@ -94,7 +130,7 @@ def plan_options(command: F) -> F:
         ),
         click.option(
             "--dtype",
-            type=click.Choice(["auto", *DTYPES]),
+            type=click.Choice(["auto", *DTYPE_NAMES]),
             default="auto",
             show_default=True,
             help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
@@ -103,6 +139,12 @@ def plan_options(command: F) -> F:
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
         ),
     ]
+
+    @functools.wraps(command)
+    def with_plan(*args: Any, **kwargs: Any) -> Any:
+        plan = PlanOptions(**{name: kwargs.pop(name) for name in _PLAN_FIELDS})
+        return command(*args, plan=plan, **kwargs)
+
     for option in reversed(options):
-        command = option(command)
-    return command
+        with_plan = option(with_plan)
+    return with_plan  # type: ignore[return-value]

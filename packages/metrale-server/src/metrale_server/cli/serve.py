@@ -1,285 +1,194 @@
-"""``met serve``: listen at once (``/health`` is 503 while the model loads), serve, drain on
-SIGTERM.
+"""``met serve`` (and ``metrale-serve``): the command line of the HTTP server.
 
-Lifecycle: the socket is bound first, so a port already taken fails before anything loads.
-Hypercorn serves a ``LoadingApp`` while a worker thread loads the model; once the ``Engine``
-and its ``AsyncEngine`` exist, the API app (``create_app``) takes over and the state turns
-ready. SIGTERM or SIGINT marks the state draining (new requests get 503), closes the listening
-socket and lets in-flight requests run for up to ``drain_timeout_s``; then the engine stops,
-which ends what is left with an error event (streams) or a 500, and ``run_serve`` returns 0
-once every connection has closed (at most ``CONNECTION_GRACE_S`` later: Hypercorn cuts the
-rest). A second signal exits at once.
+The flags are checked here; ``metrale_server.cli.serve_runtime.run_serve`` runs the server (its
+imports — torch, Hypercorn, Starlette — are deferred until the flags are known to be good).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import signal
-import sys
-from typing import cast
+from pathlib import Path
 
-import attrs
-from hypercorn.asyncio.run import worker_serve
-from hypercorn.config import Config, Sockets
-from hypercorn.typing import ASGIFramework
-from hypercorn.utils import wrap_app
+import click
 
-from metrale_model_arch import load_model, read_model_config, resolve_model
-from metrale_model_arch.loading import ProgressObserver
-from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
-from metrale_server.api import ServerState, create_app
-from metrale_server.api.loading_app import LoadingApp
-from metrale_server.api.request_log import LoggingServerMetrics
-from metrale_server.cli.serve_args import ServeArgs
-from metrale_server.engine.async_engine import AsyncEngine
-from metrale_server.engine.devices import resolve_device, resolve_dtype
-from metrale_server.engine.engine import Engine
-from metrale_server.memory.host_memory import record_mem_available_at_start
-from metrale_server.memory.ledger import MemoryLedger
-from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
-from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
+from metrale_config import read_int_lever
+from metrale_server.args import EngineArgs
+from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
+from metrale_server.cli.plan_options import PlanOptions, plan_options
 
-logger = logging.getLogger("metrale.serve")
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-EXIT_FORCED = 1
-EXIT_LOAD_FAILED = 1
-CONNECTION_GRACE_S = 5.0
+_ENGINE_DEFAULTS = EngineArgs()
+_FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 
 
-class ServeError(RuntimeError):
-    """The server cannot start (e.g. the address is taken); the message names the flag."""
+@click.command(context_settings=CONTEXT)
+@click.argument("model", required=False)
+@plan_options
+@click.option(
+    "--host",
+    "--bind",
+    "host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. 0.0.0.0 or :: opens the server to every interface (logged "
+    "as a warning).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8888,
+    show_default=True,
+    help="TCP port; 0 picks a free one (the log says which).",
+)
+@click.option(
+    "--served-model-name",
+    "--model-name",
+    "served_model_name",
+    default=None,
+    help="The model name clients send and /v1/models lists. Default: MODEL as given, or the "
+    "GGUF file's stem.",
+)
+@click.option(
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    default=_ENGINE_DEFAULTS.enable_prefix_caching,
+    show_default=True,
+    help="Reuse the KV blocks of prompt prefixes computed before (usage reports them as "
+    "prompt_tokens_details.cached_tokens).",
+)
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeatable; "
+    "/health*, /metrics and /memory stay open).",
+)
+@click.option(
+    "--api-key-file",
+    type=_FILE,
+    default=None,
+    help="Read more API keys from FILE, one per line.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0.0),
+    default=300.0,
+    show_default=True,
+    help="Seconds a request may run; past it the request ends with finish_reason 'length' "
+    "(and a log line saying it timed out). 0 disables.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0.0),
+    default=30.0,
+    show_default=True,
+    help="After SIGTERM or SIGINT, seconds in-flight requests may still run before they are "
+    "aborted (a second signal exits at once).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=_ENGINE_DEFAULTS.seed,
+    show_default=True,
+    help="Seed of the sampler shared by requests that bring no seed of their own.",
+)
+@click.option(
+    "--chat-template",
+    type=_FILE,
+    default=None,
+    help="A Jinja2 chat template FILE to use instead of the model's own.",
+)
+@click.option(
+    "--no-tui",
+    is_flag=True,
+    help="Plain log lines on stderr, no dashboard (also METRALE_NO_TUI=1; the dashboard only "
+    "shows when stdin and stdout are terminals).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least severe log lines written to stderr.",
+)
+def serve(
+    model: str | None,
+    plan: PlanOptions,
+    host: str,
+    port: int,
+    served_model_name: str | None,
+    enable_prefix_caching: bool,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    request_timeout: float,
+    drain_timeout: float,
+    seed: int,
+    chat_template: Path | None,
+    no_tui: bool,
+    log_level: str,
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (default: the bundled SmolLM2).
 
-
-def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
-    """Serve until SIGTERM/SIGINT. Returns 0 after a drain, 1 if the model failed to load.
-
-    ``show_dashboard``: draw the terminal dashboard on stdout (its ``q`` drains like SIGINT)
-    and send the log lines to its log panel instead of stderr.
+    /health answers 503 while the model loads, then 200. SIGTERM drains in-flight requests
+    (see --drain-timeout) and exits 0.
     """
-    configure_logging(args.log_level)
-    plan = preflight(args)
-    config = hypercorn_config(args)
-    try:
-        sockets = config.create_sockets()
-    except OSError as error:
-        raise ServeError(
-            f"cannot listen on {args.bind} (--host/--port): {error.strerror or error}"
-        ) from error
-    dashboard = _start_dashboard(args, sockets) if show_dashboard else None
-    try:
-        warn_if_exposed(args)
-        for sock in sockets.insecure_sockets:
-            host, port = sock.getsockname()[:2]
-            logger.info(
-                "address: http://%s/ (/health is 503 until the model is loaded)",
-                _url_host(host, port),
-            )
-        return asyncio.run(_serve(args, plan, config, sockets))
-    finally:
-        if dashboard is not None:
-            dashboard.close()
-
-
-def _start_dashboard(args: ServeArgs, sockets: Sockets) -> ServeDashboard:
-    host, port = sockets.insecure_sockets[0].getsockname()[:2]
-    dashboard = ServeDashboard(
-        local_url(host, port), api_key=args.api_keys[0] if args.api_keys else None
+    from metrale_model_arch import resolve_model
+    from metrale_server.cli.serve_args import (
+        ServeArgs,
+        default_served_model_name,
+        read_api_key_file,
+        read_chat_template_file,
     )
-    dashboard.start()
-    return dashboard
 
-
-def warn_if_exposed(args: ServeArgs) -> None:
-    """A warning when the server listens on every interface, not only this machine."""
-    if args.is_all_interfaces:
-        logger.warning(
-            "bound to all interfaces (%s): anyone who can reach this machine can use the server%s",
-            args.host,
-            "" if args.api_keys else "; consider --api-key",
-        )
-
-
-def configure_logging(level: str) -> None:
-    """Plain log lines on stderr (the dashboard, when shown, takes them over); Hypercorn's
-    chatter only at debug."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    if level != "debug":
-        logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
-
-
-def hypercorn_config(args: ServeArgs) -> Config:
-    config = Config()
-    config.bind = [args.bind]
-    # The drain ends the requests at drain_timeout_s; Hypercorn cuts connections still open
-    # after the grace (a client that stopped reading).
-    config.graceful_timeout = args.drain_timeout_s + CONNECTION_GRACE_S
-    config.accesslog = None
-    config.errorlog = logging.getLogger("hypercorn.error")
-    return config
-
-
-def preflight(args: ServeArgs) -> MemoryPlan:
-    """Plan memory from the config alone and log it, one line per owner; raises ``ServeError``
-    naming the term and the flags when the serve cannot fit. Nothing is loaded yet."""
-    record_mem_available_at_start()
-    engine_args = args.engine_args
-    try:
-        device = resolve_device(engine_args.device)
-        config = read_model_config(resolve_model(engine_args.model))
-        plan = plan_engine_memory(
-            engine_args, config, device=device, dtype=resolve_dtype(engine_args.dtype, device)
-        )
-    except (MemoryPlanError, PreflightError) as error:
-        raise ServeError(f"memory preflight: {error}") from error
-    except (ValueError, OSError) as error:  # ConfigError is a ValueError
-        raise ServeError(f"cannot read the model's config: {error}") from error
-    for line in plan_log_lines(plan, config):
-        logger.info("%s", line)
-    return plan
-
-
-def build_engine(
-    args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
-) -> Engine:
-    """Load the model through the allocation ledger (with ``--chat-template`` in place of its
-    own; ``on_progress(done, total)`` per checkpoint tensor) and build the engine the plan
-    sized."""
-    engine_args = args.engine_args
-    device = resolve_device(engine_args.device)
-    ledger = MemoryLedger()
-    loaded = load_model(
-        engine_args.model,
-        dtype=resolve_dtype(engine_args.dtype, device),
-        device=device,
-        max_seq_len=plan.inputs.max_seq_len,
-        allocator=ledger.allocate,
-        on_progress=on_progress,
-    )
-    if args.chat_template is not None:
-        template = attrs.evolve(
-            args.chat_template, special_tokens=loaded.tokenizer.special_tokens_map
-        )
-        loaded = attrs.evolve(loaded, chat_template=template)
-    return Engine(engine_args, loaded, plan=plan, ledger=ledger)
-
-
-def log_boot(engine: Engine, args: ServeArgs) -> None:
-    """One line per fact an operator checks first; never any prompt text."""
-    loaded = engine.loaded
-    plan = engine.plan
-    logger.info(
-        "model: %s (%s %s), served as %r",
-        loaded.source.name,
-        loaded.source.kind,
-        loaded.source.path,
-        args.served_model_name,
-    )
-    logger.info("dtype: %s", str(loaded.dtype).removeprefix("torch."))
-    logger.info("device: %s", loaded.device)
-    logger.info(
-        "KV pool: %d blocks x %d tokens (%.1f MiB)%s; allocation ledger: %.1f MiB live",
-        engine.num_kv_blocks,
-        plan.inputs.block_size,
-        plan.kv_pool_bytes / 2**20,
-        ", prefix caching on" if engine.args.enable_prefix_caching else "",
-        engine.ledger.live_bytes() / 2**20,
-    )
-    logger.info(
-        "max batch: %d sequences, %d tokens per step",
-        engine.max_batch_size,
-        engine.args.max_batch_tokens,
-    )
-    logger.info("max seq len: %d", engine.max_seq_len)
-
-
-async def _serve(args: ServeArgs, plan: MemoryPlan, config: Config, sockets: Sockets) -> int:
-    stop = asyncio.Event()
-    exit_code = 0
-    front = LoadingApp(args.served_model_name)
-    state: ServerState | None = None
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        name = signal.Signals(signum).name
-        if stop.is_set():
-            logger.warning("%s again: exiting without draining", name)
-            os._exit(EXIT_FORCED)
-        logger.info(
-            "%s: draining; in-flight requests may run for %g s more", name, args.drain_timeout_s
-        )
-        if state is not None:
-            state.is_draining = True
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-
-    async def load() -> AsyncEngine | None:
-        nonlocal exit_code, state
+    check_environment_or_exit()
+    if any(not key.strip() for key in api_keys):
+        raise click.BadParameter("an API key must not be empty", param_hint="'--api-key'")
+    keys = tuple(key.strip() for key in api_keys)
+    if api_key_file is not None:
         try:
-            engine = await asyncio.to_thread(build_engine, args, plan, front.set_progress)
-        except Exception as error:
-            logger.error("cannot load the model: %s", error)
-            exit_code = EXIT_LOAD_FAILED
-            stop.set()
-            return None
-        async_engine = AsyncEngine(engine)
-        state = ServerState(
-            async_engine=async_engine,
-            engine=engine,
-            served_model_name=args.served_model_name,
-            api_keys=args.api_keys,
-            request_timeout_s=args.request_timeout_s,
-            max_body_bytes=args.max_body_bytes,
-            metrics=LoggingServerMetrics(engine, args.served_model_name),
-            is_draining=stop.is_set(),
-        )
-        front.serve(create_app(state))
-        log_boot(engine, args)
-        if not stop.is_set():
-            state.is_ready = True
-            logger.info("ready")
-        return async_engine
+            keys += read_api_key_file(api_key_file)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--api-key-file'") from error
+    template = None
+    if chat_template is not None:
+        try:
+            template = read_chat_template_file(chat_template)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--chat-template'") from error
+    from metrale_server.devices import resolve_device  # torch
 
-    async def end_the_drain() -> None:
-        """At the drain deadline, fail what still runs so its responses end and close."""
-        await stop.wait()
-        await asyncio.sleep(args.drain_timeout_s)
-        async_engine = await loader
-        if async_engine is not None and state is not None and state.num_active_requests:
-            logger.warning(
-                "drain timeout: stopping the engine under %d running requests",
-                state.num_active_requests,
-            )
-            await asyncio.to_thread(async_engine.shutdown)
-
-    loader = asyncio.create_task(load())
-    drain = asyncio.create_task(end_the_drain())
     try:
-        await worker_serve(
-            # Starlette's ASGI types and Hypercorn's describe the same protocol differently.
-            wrap_app(cast(ASGIFramework, front), config.wsgi_max_body_size, "asgi"),
-            config,
-            sockets=sockets,
-            shutdown_trigger=stop.wait,
-        )
-    finally:
-        drain.cancel()
-        async_engine = await loader
-        if async_engine is not None:
-            await asyncio.to_thread(async_engine.shutdown)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-    logger.info("stopped")
-    return exit_code
+        resolve_device(plan.device)
+    except (ValueError, RuntimeError) as error:
+        raise click.BadParameter(str(error), param_hint="'--device'") from error
+    if served_model_name is not None and not served_model_name.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--served-model-name'")
+    try:
+        source = resolve_model(model)
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from error
+    args = ServeArgs(
+        engine_args=plan.engine_args(model, enable_prefix_caching=enable_prefix_caching, seed=seed),
+        served_model_name=served_model_name or default_served_model_name(source),
+        host=host,
+        port=port,
+        api_keys=keys,
+        request_timeout_s=request_timeout or None,
+        drain_timeout_s=drain_timeout,
+        chat_template=template,
+        max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
+        log_level=log_level.lower(),
+    )
+    from metrale_server.cli.serve_runtime import (  # Hypercorn, Starlette, torch
+        ServeError,
+        run_serve,
+    )
+    from metrale_server.tui.serve_dashboard import is_dashboard_wanted
+
+    try:
+        exit_code = run_serve(args, show_dashboard=is_dashboard_wanted(no_tui=no_tui))
+    except ServeError as error:
+        raise click.ClickException(str(error)) from error
+    click.get_current_context().exit(exit_code)
 
 
-def _url_host(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def serve_main() -> None:
+    """``metrale-serve``: ``met serve`` as a command of its own."""
+    serve.main(prog_name="metrale-serve")

@@ -7,10 +7,9 @@ from pathlib import Path
 import attrs
 
 from metrale_model_arch import ChatTemplate, ModelSource
-from metrale_server.engine.args import EngineArgs
+from metrale_server.args import EngineArgs
 
 ALL_INTERFACES = frozenset({"0.0.0.0", "::", "[::]", ""})
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @attrs.frozen(kw_only=True)

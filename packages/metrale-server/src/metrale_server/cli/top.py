@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 
+import click
+
+from metrale_server.cli.common import CONTEXT
 from metrale_server.tui.live_loop import Dashboard
 from metrale_server.tui.log_buffer import LogBuffer
 from metrale_server.tui.poller import HttpPoller
@@ -27,3 +30,23 @@ def run_top(url: str, *, api_key: str | None = None, poll_interval_s: float = 1.
     finally:
         root.handlers[:] = saved
     return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.option(
+    "--url",
+    default="http://127.0.0.1:8888",
+    show_default=True,
+    help="The server to watch (any metrale server, local or remote).",
+)
+@click.option("--api-key", default=None, help="Sent as 'Authorization: Bearer KEY'.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.25),
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls of the server.",
+)
+def top(url: str, api_key: str | None, interval: float) -> None:
+    """Watch a running server in a live dashboard (q quits, tab switches panels, ? help)."""
+    click.get_current_context().exit(run_top(url, api_key=api_key, poll_interval_s=interval))

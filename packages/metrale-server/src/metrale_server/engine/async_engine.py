@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 
 from metrale_server.engine.core import RequestError
-from metrale_server.engine.core_output import EngineCoreOutput
 from metrale_server.engine.engine import Engine
+from metrale_server.output.core_output import EngineCoreOutput
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams

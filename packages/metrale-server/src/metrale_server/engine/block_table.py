@@ -14,8 +14,9 @@ class PersistentBlockTable:
     ``sync`` is called for each sequence of a step and returns its row; it queues only the
     entries the sequence gained since its last sync, plus its previous last entry (a
     copy-on-write may have replaced it), so the work per step does not grow with a sequence's
-    length. A new ``slot_ticket`` (a slot that changed hands) rewrites the row from scratch.
-    ``flush`` writes what was queued, in one indexed store.
+    length. A new ``slot_ticket`` (a slot that changed hands) rewrites the row from scratch,
+    and the row is listed by ``flush`` so per-slot state can be reset. ``flush`` writes what was
+    queued, in one indexed store.
     """
 
     def __init__(self, table: torch.Tensor) -> None:
@@ -26,6 +27,7 @@ class PersistentBlockTable:
         self._rows: list[int] = []
         self._columns: list[int] = []
         self._values: list[int] = []
+        self._new_rows: list[int] = []
 
     def sync(self, seq: Sequence) -> int:
         row = seq.slot
@@ -34,6 +36,7 @@ class PersistentBlockTable:
         if self._tickets[row] != seq.slot_ticket:
             self._tickets[row] = seq.slot_ticket
             self._num_written[row] = 0
+            self._new_rows.append(row)
         table = seq.block_table
         start = max(self._num_written[row] - 1, 0)
         end = len(table)
@@ -44,9 +47,11 @@ class PersistentBlockTable:
         self._num_written[row] = end
         return row
 
-    def flush(self) -> None:
+    def flush(self) -> list[int]:
+        """Write the queued entries; return the rows that changed hands since the last flush."""
+        new_rows, self._new_rows = self._new_rows, []
         if not self._rows:
-            return
+            return new_rows
         device = self.table.device
         index = (
             torch.tensor(self._rows, dtype=torch.int64, device=device),
@@ -54,3 +59,4 @@ class PersistentBlockTable:
         )
         self.table.index_put_(index, torch.tensor(self._values, dtype=torch.int64, device=device))
         self._rows, self._columns, self._values = [], [], []
+        return new_rows

@@ -10,10 +10,9 @@ import attrs
 
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
-from metrale_server.engine.args import EngineArgs
+from metrale_server.args import EngineArgs
+from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.engine.block_manager import BlockManager
-from metrale_server.engine.core_output import EngineCoreOutput, SequenceDelta
-from metrale_server.engine.devices import resolve_device, resolve_dtype
 from metrale_server.engine.model_runner import ModelRunner, SampledToken
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
@@ -22,6 +21,7 @@ from metrale_server.engine.sequence_group import SequenceGroup
 from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
+from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import make_seeded_generator
 
@@ -101,6 +101,7 @@ class EngineCore:
             max_seq_len=self.max_seq_len,
             allocator=self.ledger.allocate,
             seed=args.seed,
+            indexer_paged=plan.inputs.indexer_paged,
         )
         self.eos_token_ids = loaded.eos_token_ids
         self._groups: dict[str, SequenceGroup] = {}
@@ -233,6 +234,9 @@ class EngineCore:
         deltas: dict[str, list[SequenceDelta]] = {}
         for token in sampled:
             deltas.setdefault(token.seq.request_id, []).append(self._append(token))
+        cached = {
+            request_id: self._groups[request_id].primary.num_cached_tokens for request_id in deltas
+        }
         finished = {group.request_id for group in self.scheduler.free_finished()}
         for request_id in finished:
             self._groups.pop(request_id, None)
@@ -241,14 +245,10 @@ class EngineCore:
                 request_id=request_id,
                 deltas=tuple(request_deltas),
                 finished=request_id in finished,
-                num_cached_tokens=self._cached_tokens(request_id),
+                num_cached_tokens=cached[request_id],
             )
             for request_id, request_deltas in deltas.items()
         ]
-
-    def _cached_tokens(self, request_id: str) -> int:
-        group = self._groups.get(request_id)
-        return 0 if group is None else group.primary.num_cached_tokens
 
     def _append(self, token: SampledToken) -> SequenceDelta:
         seq, token_id = token.seq, token.token_id

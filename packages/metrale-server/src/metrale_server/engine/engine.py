@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from metrale_model_arch import LoadedModel
 from metrale_model_arch.memory import MemoryPlan
-from metrale_server.engine.args import EngineArgs
+from metrale_server.args import EngineArgs
 from metrale_server.engine.block_manager import BlockManager
 from metrale_server.engine.core import EngineCore
 from metrale_server.engine.scheduler import Scheduler

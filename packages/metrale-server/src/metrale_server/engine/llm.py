@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from metrale_server.engine.args import EngineArgs
+from metrale_server.args import EngineArgs
 from metrale_server.engine.core import RequestError
 from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput

@@ -7,6 +7,7 @@ import torch
 
 from metrale_kernels import AttentionMetadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
+from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_server.engine.block_table import PersistentBlockTable
 from metrale_server.engine.scheduler_step import SchedulerStep
@@ -45,6 +46,7 @@ class ModelRunner:
         max_seq_len: int,
         allocator: TensorAllocator = plain_allocator,
         seed: int = 0,
+        indexer_paged: bool = True,
     ) -> None:
         self.loaded = loaded
         self.block_size = block_size
@@ -59,6 +61,18 @@ class ModelRunner:
             dtype=loaded.dtype,
             device=loaded.device,
             allocator=allocator,
+            indexer_paged=indexer_paged,
+        )
+        # Per-sequence state that is not paged (linear attention, a flat indexer), one slot per
+        # state slot of the scheduler; nothing for a model without such layers.
+        self.seq_states = allocate_state_slots(
+            loaded.config,
+            num_slots=max_batch_size,
+            max_seq_len=max_seq_len,
+            dtype=loaded.dtype,
+            device=loaded.device,
+            allocator=allocator,
+            indexer_paged=indexer_paged,
         )
         dtypes = {"int64": torch.int64, "model": loaded.dtype}
         arena = {
@@ -112,7 +126,9 @@ class ModelRunner:
             rows.append(self.block_tables.sync(seq))
             query_lens.append(chunk.num_new_tokens)
             seq_lens.append(end)
-        self.block_tables.flush()
+        for slot in self.block_tables.flush():
+            if self.seq_states.allocations:
+                self.seq_states.reset(slot)
         num_tokens = len(token_ids)
         input_ids = self._input_ids[:num_tokens]
         input_ids.copy_(torch.tensor(token_ids, dtype=torch.int64))
@@ -137,6 +153,7 @@ class ModelRunner:
             query_lens=tuple(query_lens),
             seq_lens=tuple(seq_lens),
             block_size=self.block_size,
+            state_slots=rows_t,
         )
         return input_ids, position_ids, metadata, logits_indices
 

@@ -19,7 +19,7 @@ from metrale_model_arch.memory import (
     paged_indexer_bytes_per_token,
     plan_memory,
 )
-from metrale_server.engine.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
+from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
 from metrale_server.memory.host_memory import host_total_memory_bytes
 
 MIB = 2**20

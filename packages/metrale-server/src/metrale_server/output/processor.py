@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from metrale_server.engine.core_output import EngineCoreOutput, SequenceDelta
+from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.output.detokenizer import Decoder
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.text_state import TextState

@@ -11,11 +11,12 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from metrale_server.engine.core import RequestError
-from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from metrale_server.engine.engine import Engine
 
 Message = Mapping[str, str]
 
@@ -135,7 +136,7 @@ class EngineChatBackend:
         params = SamplingParams(max_tokens=self._max_tokens, temperature=self._temperature)
         try:
             self.engine.add_request(request_id, prompt_ids, params)
-        except RequestError as error:
+        except ValueError as error:  # RequestError: the engine refused the request
             raise ChatError(str(error)) from error
         try:
             while self.engine.has_unfinished_requests():

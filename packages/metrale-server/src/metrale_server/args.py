@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 @attrs.frozen(kw_only=True)

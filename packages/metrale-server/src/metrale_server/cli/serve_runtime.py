@@ -1,0 +1,302 @@
+"""``met serve``: listen at once (``/health`` is 503 while the model loads), serve, drain on
+SIGTERM.
+
+Lifecycle: the socket is bound first, so a port already taken fails before anything loads.
+Hypercorn serves a ``LoadingApp`` while a worker thread loads the model; once the ``Engine``
+and its ``AsyncEngine`` exist, the API app (``create_app``) takes over and the state turns
+ready. SIGTERM or SIGINT marks the state draining (new requests get 503), closes the listening
+socket and lets in-flight requests run for up to ``drain_timeout_s``; then the engine stops,
+which ends what is left with an error event (streams) or a 500, and ``run_serve`` returns 0
+once every connection has closed (at most ``CONNECTION_GRACE_S`` later: Hypercorn cuts the
+rest). A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING, cast
+
+import attrs
+from hypercorn.config import Config, Sockets
+
+from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch.loading import ProgressObserver
+from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
+from metrale_server.api.loading_app import LoadingApp
+from metrale_server.cli.serve_args import ServeArgs
+from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.engine.engine import Engine
+from metrale_server.memory.host_memory import record_mem_available_at_start
+from metrale_server.memory.ledger import MemoryLedger
+from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
+from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
+
+if TYPE_CHECKING:
+    from metrale_server.api import ServerState
+    from metrale_server.engine.async_engine import AsyncEngine
+
+logger = logging.getLogger("metrale.serve")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+EXIT_FORCED = 1
+EXIT_LOAD_FAILED = 1
+CONNECTION_GRACE_S = 5.0
+
+
+class ServeError(RuntimeError):
+    """The server cannot start (e.g. the address is taken); the message names the flag."""
+
+
+def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
+    """Serve until SIGTERM/SIGINT. Returns 0 after a drain, 1 if the model failed to load.
+
+    ``show_dashboard``: draw the terminal dashboard on stdout (its ``q`` drains like SIGINT)
+    and send the log lines to its log panel instead of stderr.
+    """
+    configure_logging(args.log_level)
+    plan = preflight(args)
+    config = hypercorn_config(args)
+    try:
+        sockets = config.create_sockets()
+    except OSError as error:
+        raise ServeError(
+            f"cannot listen on {args.bind} (--host/--port): {error.strerror or error}"
+        ) from error
+    dashboard = _start_dashboard(args, sockets) if show_dashboard else None
+    try:
+        warn_if_exposed(args)
+        for sock in sockets.insecure_sockets:
+            host, port = sock.getsockname()[:2]
+            logger.info(
+                "address: http://%s/ (/health is 503 until the model is loaded)",
+                _url_host(host, port),
+            )
+        # The model loads on its own thread from here on, while the rest of the server (the
+        # HTTP stack, the API app) is imported and started on this one.
+        front = LoadingApp(args.served_model_name)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrale-load") as pool:
+            loading = pool.submit(build_engine, args, plan, front.set_progress)
+            return asyncio.run(_serve(args, config, sockets, front, loading))
+    finally:
+        if dashboard is not None:
+            dashboard.close()
+
+
+def _start_dashboard(args: ServeArgs, sockets: Sockets) -> ServeDashboard:
+    host, port = sockets.insecure_sockets[0].getsockname()[:2]
+    dashboard = ServeDashboard(
+        local_url(host, port), api_key=args.api_keys[0] if args.api_keys else None
+    )
+    dashboard.start()
+    return dashboard
+
+
+def warn_if_exposed(args: ServeArgs) -> None:
+    """A warning when the server listens on every interface, not only this machine."""
+    if args.is_all_interfaces:
+        logger.warning(
+            "bound to all interfaces (%s): anyone who can reach this machine can use the server%s",
+            args.host,
+            "" if args.api_keys else "; consider --api-key",
+        )
+
+
+def configure_logging(level: str) -> None:
+    """Plain log lines on stderr (the dashboard, when shown, takes them over); Hypercorn's
+    chatter only at debug."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    if level != "debug":
+        logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+
+
+def hypercorn_config(args: ServeArgs) -> Config:
+    config = Config()
+    config.bind = [args.bind]
+    # The drain ends the requests at drain_timeout_s; Hypercorn cuts connections still open
+    # after the grace (a client that stopped reading).
+    config.graceful_timeout = args.drain_timeout_s + CONNECTION_GRACE_S
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+def preflight(args: ServeArgs) -> MemoryPlan:
+    """Plan memory from the config alone and log it, one line per owner; raises ``ServeError``
+    naming the term and the flags when the serve cannot fit. Nothing is loaded yet."""
+    record_mem_available_at_start()
+    engine_args = args.engine_args
+    try:
+        device = resolve_device(engine_args.device)
+        config = read_model_config(resolve_model(engine_args.model))
+        plan = plan_engine_memory(
+            engine_args, config, device=device, dtype=resolve_dtype(engine_args.dtype, device)
+        )
+    except (MemoryPlanError, PreflightError) as error:
+        raise ServeError(f"memory preflight: {error}") from error
+    except (ValueError, OSError) as error:  # ConfigError is a ValueError
+        raise ServeError(f"cannot read the model's config: {error}") from error
+    for line in plan_log_lines(plan, config):
+        logger.info("%s", line)
+    return plan
+
+
+def build_engine(
+    args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
+) -> Engine:
+    """Load the model through the allocation ledger (with ``--chat-template`` in place of its
+    own; ``on_progress(done, total)`` per checkpoint tensor) and build the engine the plan
+    sized."""
+    engine_args = args.engine_args
+    device = resolve_device(engine_args.device)
+    ledger = MemoryLedger()
+    loaded = load_model(
+        engine_args.model,
+        dtype=resolve_dtype(engine_args.dtype, device),
+        device=device,
+        max_seq_len=plan.inputs.max_seq_len,
+        allocator=ledger.allocate,
+        on_progress=on_progress,
+    )
+    if args.chat_template is not None:
+        template = attrs.evolve(
+            args.chat_template, special_tokens=loaded.tokenizer.special_tokens_map
+        )
+        loaded = attrs.evolve(loaded, chat_template=template)
+    return Engine(engine_args, loaded, plan=plan, ledger=ledger)
+
+
+def log_boot(engine: Engine, args: ServeArgs) -> None:
+    """One line per fact an operator checks first; never any prompt text."""
+    loaded = engine.loaded
+    plan = engine.plan
+    logger.info(
+        "model: %s (%s %s), served as %r",
+        loaded.source.name,
+        loaded.source.kind,
+        loaded.source.path,
+        args.served_model_name,
+    )
+    logger.info("dtype: %s", str(loaded.dtype).removeprefix("torch."))
+    logger.info("device: %s", loaded.device)
+    logger.info(
+        "KV pool: %d blocks x %d tokens (%.1f MiB)%s; allocation ledger: %.1f MiB live",
+        engine.num_kv_blocks,
+        plan.inputs.block_size,
+        plan.kv_pool_bytes / 2**20,
+        ", prefix caching on" if engine.args.enable_prefix_caching else "",
+        engine.ledger.live_bytes() / 2**20,
+    )
+    logger.info(
+        "max batch: %d sequences, %d tokens per step",
+        engine.max_batch_size,
+        engine.args.max_batch_tokens,
+    )
+    logger.info("max seq len: %d", engine.max_seq_len)
+
+
+async def _serve(
+    args: ServeArgs,
+    config: Config,
+    sockets: Sockets,
+    front: LoadingApp,
+    loading: concurrent.futures.Future[Engine],
+) -> int:
+    from hypercorn.asyncio.run import worker_serve
+    from hypercorn.typing import ASGIFramework
+    from hypercorn.utils import wrap_app
+
+    from metrale_server.api import ServerState, create_app
+    from metrale_server.api.request_log import LoggingServerMetrics
+    from metrale_server.engine.async_engine import AsyncEngine
+
+    stop = asyncio.Event()
+    exit_code = 0
+    state: ServerState | None = None
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            logger.warning("%s again: exiting without draining", name)
+            os._exit(EXIT_FORCED)
+        logger.info(
+            "%s: draining; in-flight requests may run for %g s more", name, args.drain_timeout_s
+        )
+        if state is not None:
+            state.is_draining = True
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    async def load() -> AsyncEngine | None:
+        nonlocal exit_code, state
+        try:
+            engine = await asyncio.wrap_future(loading)
+        except Exception as error:
+            logger.error("cannot load the model: %s", error)
+            exit_code = EXIT_LOAD_FAILED
+            stop.set()
+            return None
+        async_engine = AsyncEngine(engine)
+        state = ServerState(
+            async_engine=async_engine,
+            engine=engine,
+            served_model_name=args.served_model_name,
+            api_keys=args.api_keys,
+            request_timeout_s=args.request_timeout_s,
+            max_body_bytes=args.max_body_bytes,
+            metrics=LoggingServerMetrics(engine, args.served_model_name),
+            is_draining=stop.is_set(),
+        )
+        front.serve(create_app(state))
+        log_boot(engine, args)
+        if not stop.is_set():
+            state.is_ready = True
+            logger.info("ready")
+        return async_engine
+
+    async def end_the_drain() -> None:
+        """At the drain deadline, fail what still runs so its responses end and close."""
+        await stop.wait()
+        await asyncio.sleep(args.drain_timeout_s)
+        async_engine = await loader
+        if async_engine is not None and state is not None and state.num_active_requests:
+            logger.warning(
+                "drain timeout: stopping the engine under %d running requests",
+                state.num_active_requests,
+            )
+            await asyncio.to_thread(async_engine.shutdown)
+
+    loader = asyncio.create_task(load())
+    drain = asyncio.create_task(end_the_drain())
+    try:
+        await worker_serve(
+            # Starlette's ASGI types and Hypercorn's describe the same protocol differently.
+            wrap_app(cast(ASGIFramework, front), config.wsgi_max_body_size, "asgi"),
+            config,
+            sockets=sockets,
+            shutdown_trigger=stop.wait,
+        )
+    finally:
+        drain.cancel()
+        async_engine = await loader
+        if async_engine is not None:
+            await asyncio.to_thread(async_engine.shutdown)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    logger.info("stopped")
+    return exit_code
+
+
+def _url_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
