@@ -227,8 +227,8 @@ def main() -> None:
     del llm, engine
 
     if args.sweep:
-        # Interleaved, best of two: on a shared machine the load drifts between runs, and a
-        # setting measured once, alone, can lose to a slower moment rather than to another.
+        # Interleaved, best of three rounds in rotated order: on a shared machine the load
+        # drifts between runs, and a setting measured once can lose to a slower moment.
         settings: dict[str, dict[str, int]] = {
             "defaults": {},
             "max_batch_size 64, max_batch_tokens 512": {
@@ -246,10 +246,13 @@ def main() -> None:
         }
         engines = {name: LLM(**fields) for name, fields in settings.items()}
         rates: dict[str, list[float]] = {name: [] for name in settings}
-        for _ in range(2):
-            for name, candidate in engines.items():
-                run_engine(candidate, requests[:2])
-                rates[name].append(num_output / run_engine(candidate, requests))
+        names = list(engines)
+        for round_index in range(3):
+            # Each round starts one setting later, so none is always first after a pause.
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                run_engine(engines[name], requests[:2])
+                rates[name].append(num_output / run_engine(engines[name], requests))
         for name, runs in rates.items():
             print(f"  {name}: {max(runs):.1f} output tok/s (runs: {_rates(runs)})")
         best_explicit = max(max(runs) for name, runs in rates.items() if name != "defaults")
