@@ -7,8 +7,12 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import torch
 
 from metrale_bench.server_process import ServerProcess
+from metrale_kernels import cpu_features
+from metrale_model_arch import Quantization, read_model_config, resolve_model
+from metrale_server.devices import resolve_quantization
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +48,31 @@ def test_health_is_503_while_loading_then_200(server: ServerProcess) -> None:
     assert 503 not in answered[answered.index(200) :]
 
 
+# What the boot log says of the weights with no --quantization: int8 where the CPU has int8
+# dot products (the fast path), float32 elsewhere.
+WEIGHT_LINES = {
+    Quantization.INT8: (
+        "dtype: float32; weights: int8; kernels: int8 x int8 -> int32 matmuls",
+        "Weights (int8 per channel + float32 norms and activations): 0.13 GiB = embeddings "
+        "27.2 MiB + layers 102.0 MiB",
+    ),
+    Quantization.NONE: (
+        "dtype: float32; weights: none; kernels: float32 matmuls",
+        "Weights (float32): 0.50 GiB = embeddings 108.0 MiB + layers 405.1 MiB",
+    ),
+}
+
+
 def test_boot_log_lines(server: ServerProcess) -> None:
     log = server.log_text()
+    config = read_model_config(resolve_model(None))
+    default = resolve_quantization("auto", torch.device("cpu"), torch.float32, config)
     for fact in (
         "model: ",
-        "dtype: float32",
+        *WEIGHT_LINES[default],
+        f"CPU: {cpu_features().describe()}",
         "device: cpu",
         "KV pool: 256 blocks x 16 tokens",
-        "Weights: 0.50 GiB = embeddings 108.0 MiB + layers 405.1 MiB",
         "-> 256 blocks x 16 tok/block = 4096 max KV tokens (46080 B/token)",
         "max batch: 256 sequences",
         "max seq len: 2048",

@@ -17,15 +17,24 @@ MAX_BATCH_SIZE = 2
 
 
 def weight_storage_bytes(model: torch.nn.Module) -> int:
-    storages = {p.untyped_storage().data_ptr(): p for p in model.parameters()}
-    return sum(p.untyped_storage().nbytes() for p in storages.values())
+    """Bytes of every parameter's storage and every buffer's but the RoPE table's, once each."""
+    tensors = [*model.parameters()]
+    tensors += [b for name, b in model.named_buffers() if not name.endswith("cos_sin_cache")]
+    storages = {t.untyped_storage().data_ptr(): t for t in tensors}
+    return sum(t.untyped_storage().nbytes() for t in storages.values())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_default_model_ledger_equals_plan(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "quantization"), [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")]
+)
+def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None:
     engine = Engine(
         EngineArgs(
-            dtype=dtype, device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=MAX_BATCH_SIZE
+            dtype=dtype,
+            quantization=quantization,
+            device="cpu",
+            max_seq_len=MAX_SEQ_LEN,
+            max_batch_size=MAX_BATCH_SIZE,
         )
     )
     plan = engine.plan
@@ -37,7 +46,10 @@ def test_default_model_ledger_equals_plan(dtype: str) -> None:
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     assert config.tie_word_embeddings
     assert "weights.lm_head" not in live
-    assert live["weights.embeddings"] == config.vocab_size * config.hidden_size * dtype_bytes
+    if quantization == "int8":  # an int8 byte per value, a float32 scale per vocabulary row
+        assert live["weights.embeddings"] == config.vocab_size * (config.hidden_size + 4)
+    else:
+        assert live["weights.embeddings"] == config.vocab_size * config.hidden_size * dtype_bytes
     weights = sum(size for owner, size in live.items() if owner.startswith("weights."))
     assert weights == weight_storage_bytes(engine.loaded.model)
     kv_per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim
@@ -47,8 +59,15 @@ def test_default_model_ledger_equals_plan(dtype: str) -> None:
     assert live[ROPE_TABLE] == MAX_SEQ_LEN * config.head_dim * 4
 
 
-def test_an_engine_over_the_loaded_default_model_adopts_its_parameters() -> None:
-    loaded = load_model(None, dtype=torch.float32, device="cpu", max_seq_len=MAX_SEQ_LEN)
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_an_engine_over_the_loaded_default_model_adopts_its_parameters(quantization: str) -> None:
+    loaded = load_model(
+        None,
+        dtype=torch.float32,
+        device="cpu",
+        max_seq_len=MAX_SEQ_LEN,
+        quantization=quantization,
+    )
     engine = Engine(EngineArgs(device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=1), loaded)
     live = engine.ledger.live_bytes_by_owner()
     assert live == engine.plan.allocated_by_owner()

@@ -10,6 +10,12 @@ chunk ``"tok "`` sent ``TOKEN_DELAY_S`` apart. The model name picks a misbehavio
 
 from __future__ import annotations
 
+import os
+
+# Engines built here (and servers started from here) stay eager: a test that wants the
+# compiled layer steps asks for them with enforce_eager=False.
+os.environ.setdefault("METRALE_ENFORCE_EAGER", "1")
+
 import asyncio
 import json
 import threading

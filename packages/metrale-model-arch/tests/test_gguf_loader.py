@@ -271,10 +271,18 @@ def test_load_gguf_model_builds_a_model_with_the_file_weights(tmp_path: Path) ->
 
     parameters = dict(model.named_parameters())
     header_parameters = dict(from_header.named_parameters())
-    for hf_name in ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"):
+    # q's rows come first in the fused q/k/v projection.
+    views = {
+        "model.layers.0.self_attn.q_proj.weight": (
+            "model.layers.0.self_attn.qkv_proj.weight",
+            HIDDEN,
+        ),
+        "lm_head.weight": ("lm_head.weight", None),
+    }
+    for hf_name, (param, rows) in views.items():
         expected = torch.from_numpy(original[hf_name])
-        assert torch.equal(parameters[hf_name], expected)
-        assert torch.equal(header_parameters[hf_name], expected.to(torch.bfloat16))
+        assert torch.equal(parameters[param][:rows], expected)
+        assert torch.equal(header_parameters[param][:rows], expected.to(torch.bfloat16))
 
 
 def test_unsupported_type_names_the_tensor_and_type(tmp_path: Path) -> None:

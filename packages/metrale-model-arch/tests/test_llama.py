@@ -236,13 +236,13 @@ def test_unsupported_hidden_act_is_named(tiny_config: ModelConfig) -> None:
         LlamaForCausalLM(attrs.evolve(tiny_config, hidden_act="gelu"))
 
 
-def test_hf_parameter_names(tiny_config: ModelConfig) -> None:
+def test_parameter_names_are_hf_names_with_fused_projections(tiny_config: ModelConfig) -> None:
     names = set(LlamaForCausalLM(tiny_config).state_dict())
     assert {
         "model.embed_tokens.weight",
-        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.qkv_proj.weight",
         "model.layers.1.self_attn.o_proj.weight",
-        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
         "model.layers.0.mlp.down_proj.weight",
         "model.layers.0.input_layernorm.weight",
         "model.layers.0.post_attention_layernorm.weight",

@@ -20,7 +20,9 @@ from metrale_model_arch.families.moe import MoeForCausalLM, SparseMoeBlock
 from metrale_model_arch.families.qwen3_moe import Qwen3MoeForCausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.memory.weights import weight_bytes
 from metrale_model_arch.registry import family_for
+from metrale_model_arch.weight_format import Quantization
 
 transformers = pytest.importorskip("transformers")
 
@@ -361,3 +363,16 @@ def test_gguf_model_equals_safetensors_model(
     theirs = paged_runner(from_safetensors, num_blocks=64, block_size=BLOCK_SIZE).step(prompts)
     for seq_id in prompts:
         torch.testing.assert_close(ours[seq_id], theirs[seq_id], rtol=0, atol=1e-6)
+
+
+def test_int8_weights_are_refused_for_moe_by_name(checkpoint: Checkpoint) -> None:
+    with pytest.raises(ValueError, match="int8 weights are not supported"):
+        load_safetensors_model(
+            checkpoint.path,
+            checkpoint.config,
+            dtype=torch.float32,
+            device="cpu",
+            quantization=Quantization.INT8,
+        )
+    with pytest.raises(ValueError, match="int8 weights are not supported"):
+        weight_bytes(checkpoint.config, 4, Quantization.INT8)

@@ -137,12 +137,12 @@ def test_rotary_inv_freq_buffers_are_ignored(tmp_path: Path, tiny_config: ModelC
 
 def test_missing_tensor_is_named(tmp_path: Path, tiny_config: ModelConfig) -> None:
     weights = reference_weights(tiny_config)
-    del weights["model.layers.1.mlp.up_proj.weight"]
+    del weights["model.layers.1.mlp.gate_up_proj.weight"]
     del weights["lm_head.weight"]
     save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="2 missing tensor") as info:
         load(tmp_path, tiny_config)
-    assert "model.layers.1.mlp.up_proj.weight" in str(info.value)
+    assert "model.layers.1.mlp.gate_up_proj.weight" in str(info.value)
     assert "lm_head.weight" in str(info.value)
     assert "unexpected" not in str(info.value)
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Engines built here (and servers started from here) stay eager: a test that wants the
+# compiled layer steps asks for them with enforce_eager=False.
+os.environ.setdefault("METRALE_ENFORCE_EAGER", "1")
+
 from pathlib import Path
 
 import pytest

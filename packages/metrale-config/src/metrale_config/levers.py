@@ -65,6 +65,13 @@ LEVERS: Mapping[str, Lever] = _declare(
         doc="Keep the GLM DSA indexer cache flat per sequence instead of paged.",
     ),
     Lever(
+        name="METRALE_ENFORCE_EAGER",
+        type=bool,
+        default=False,
+        doc="Never compile the model's layer steps (the default of --enforce-eager); the test "
+        "suites set it so that each engine they build does not compile.",
+    ),
+    Lever(
         name="METRALE_BENCH_DIR",
         type=str,
         default="benchmarks",

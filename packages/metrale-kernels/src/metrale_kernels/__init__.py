@@ -6,6 +6,8 @@ import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
+from metrale_kernels.cpu_features import CpuFeatures, cpu_features
+from metrale_kernels.int8_matmul import dequantize_rows, int8_linear, quantize_per_row
 from metrale_kernels.moe_experts import fused_moe
 from metrale_kernels.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
 from metrale_kernels.rotary import (
@@ -18,17 +20,22 @@ from metrale_kernels.rotary import (
 
 __all__ = [
     "AttentionMetadata",
+    "CpuFeatures",
     "KernelBackend",
     "TorchBackend",
     "build_attention_metadata",
     "cos_sin_cache",
+    "cpu_features",
     "default_inv_freq",
+    "dequantize_rows",
     "dynamic_ntk_inv_freq",
     "fused_moe",
     "get_backend",
     "grouped_sigmoid_topk_routing",
+    "int8_linear",
     "linear_inv_freq",
     "llama3_inv_freq",
+    "quantize_per_row",
     "softmax_topk_routing",
 ]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_kernels import moe_experts, moe_routing, paged_attention, pointwise
+from metrale_kernels import int8_matmul, moe_experts, moe_routing, paged_attention, pointwise
 from metrale_kernels.attention_metadata import AttentionMetadata
 
 
@@ -47,6 +47,19 @@ class KernelBackend:
     def silu_and_mul(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """``silu(x[..., :d]) * x[..., d:]`` for ``x (..., 2d)``; ``out`` is ``(..., d)``."""
         return pointwise.silu_and_mul(x, out=out)
+
+    def int8_linear(
+        self,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x (tokens, in)`` times int8 ``qweight (out, in)`` with per-channel ``scale (out,)``,
+        activations quantized per token: see :func:`int8_matmul.int8_linear`. Float32 out."""
+        return int8_matmul.int8_linear(x, qweight, scale, bias, out=out)
 
     def write_kv(
         self,

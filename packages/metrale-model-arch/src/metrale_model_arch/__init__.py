@@ -28,9 +28,11 @@ from metrale_model_arch.registry import (
     planned_architecture,
 )
 from metrale_model_arch.tokenizer import Tokenizer, TokenizerError
+from metrale_model_arch.weight_format import QUANTIZATION_NAMES, Quantization
 
 __all__ = [
     "ARCHITECTURES",
+    "QUANTIZATION_NAMES",
     "SUPPORTED_MODEL_TYPES",
     "Architecture",
     "CausalLM",
@@ -45,6 +47,7 @@ __all__ = [
     "LoadedModel",
     "ModelNotFoundError",
     "ModelSource",
+    "Quantization",
     "StateSlots",
     "TensorAllocator",
     "Tokenizer",

@@ -32,6 +32,8 @@ class Architecture:
     those the mapping keeps in float32, in ``layers_fp32``); ``cache_specs`` gives one spec per
     layer, priced by the plan and allocated by the runner. ``skeleton`` is the stack's shape from
     the config alone, for types whose layers differ by more than ``layer_types`` says.
+    ``int8_linears``: the attribute names of the linear layers int8 weights replace (with the
+    embeddings); empty where the type has no int8 path.
     """
 
     model_type: str
@@ -41,6 +43,7 @@ class Architecture:
     param_counts: Callable[[ModelConfig], ParamCounts]
     cache_specs: CacheSpecs
     skeleton: Callable[[ModelConfig], object] | None = None
+    int8_linears: frozenset[str] = frozenset()
 
     @property
     def is_runnable(self) -> bool:

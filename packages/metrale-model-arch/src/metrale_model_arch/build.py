@@ -13,17 +13,18 @@ from metrale_config import ModelConfig
 from metrale_kernels import get_backend
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
-from metrale_model_arch.owners import ROPE_TABLE, weight_owner
+from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
 from metrale_model_arch.registry import architecture_for
+from metrale_model_arch.weight_format import Quantization
 
 __all__ = ["CheckpointError", "build_model", "column_major_names"]
 
 # Checkpoints from older transformers versions carry the rotary buffer; it is derived here.
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 TIED_LM_HEAD = "lm_head.weight"
-ROPE_TABLE_BUFFER = "cos_sin_cache"
 _MAX_LISTED_NAMES = 20
 
 
@@ -94,6 +95,7 @@ def build_model(
     max_seq_len: int | None = None,
     allocator: TensorAllocator = plain_allocator,
     mapping: CheckpointMapping | None = None,
+    quantization: Quantization = Quantization.NONE,
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
@@ -105,7 +107,10 @@ def build_model(
     ``lm_head.weight`` in ``weights`` is ignored. Each parameter's storage, and the derived
     tables (RoPE), come from ``allocator`` under their owner (``owners.weight_owner``). On the
     CPU, projection weights are stored column-major (see :func:`column_major_names`).
-    Returns the model in eval mode, no grads.
+    With ``quantization`` ``int8``, the embeddings and the projections the architecture lists
+    (``int8_linears``) are quantized per row as their tensors arrive
+    (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
+    ``ValueError``. Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
     record = architecture_for(config)
@@ -114,13 +119,23 @@ def build_model(
     target_of = mapping or record.checkpoint_mapping(config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(config, max_seq_len=max_seq_len, backend=get_backend(device))
+        int8_rows: dict[str, Int8Rows] = {}
+        if quantization == Quantization.INT8:
+            if not record.int8_linears:
+                raise ValueError(
+                    f"{config.model_type}: int8 weights are not supported for this model type "
+                    "yet; use quantization 'none'"
+                )
+            int8_rows = swap_in_int8(model, record.int8_linears, model.backend)
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(canonical.setdefault(id(param), name), []).append(name)
     meta_params = dict(model.named_parameters())
     column_major = column_major_names(model) if device.type == "cpu" else set()
-    coverage = {name: _Coverage(param.shape) for name, param in meta_params.items()}
+    shapes: dict[str, torch.Size] = {name: param.shape for name, param in meta_params.items()}
+    shapes.update((name, torch.Size(rows.logical_shape)) for name, rows in int8_rows.items())
+    coverage = {name: _Coverage(shape) for name, shape in shapes.items()}
     loaded: dict[str, torch.Tensor] = {}
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -135,14 +150,20 @@ def build_model(
         target = target_of(name, tuple(tensor.shape))
         if isinstance(target, Skip):
             continue
-        if target is None or target.param not in meta_params:
+        if target is None or target.param not in shapes:
             unexpected.append(name)
             continue
-        _check_shape(name, tensor, target, meta_params[target.param])
+        _check_shape(name, tensor, target, shapes[target.param])
         if not coverage[target.param].mark(target.index):
             raise CheckpointError(
                 f"tensor {name!r} writes {_describe(target)}, which another tensor already wrote"
             )
+        if (rows := int8_rows.get(target.param)) is not None:
+            if target.param not in loaded:
+                rows.allocate(allocator, weight_owner(target.param), device)
+                loaded[target.param] = rows.qweight
+            rows.write_rows(target.index, tensor)
+            continue
         data = loaded.get(target.param)
         if data is None:
             data = _allocate(
@@ -166,8 +187,11 @@ def build_model(
     ]
     if missing or unexpected:
         raise CheckpointError(_mismatch_message(config, sorted(missing), unexpected))
+    tie_int8_heads(model)
     for name, buffer in list(model.named_buffers()):
         module_name, _, leaf = name.rpartition(".")
+        if isinstance(model.get_submodule(module_name), Int8Rows):
+            continue  # allocated and filled while loading
         owner = ROPE_TABLE if leaf == ROPE_TABLE_BUFFER else weight_owner(name)
         table = allocator(owner, tuple(buffer.shape), buffer.dtype, device)
         table.copy_(buffer)
@@ -193,12 +217,13 @@ def column_major_names(model: nn.Module) -> set[str]:
     }
 
 
-def _check_shape(name: str, tensor: torch.Tensor, target: TensorTarget, meta: nn.Parameter) -> None:
-    if len(target.index) > meta.dim():
+def _check_shape(name: str, tensor: torch.Tensor, target: TensorTarget, shape: torch.Size) -> None:
+    if len(target.index) > len(shape):
         raise CheckpointError(
             f"tensor {name!r} maps to {_describe(target)}, but {target.param!r} has only "
-            f"{meta.dim()} dims {tuple(meta.shape)}"
+            f"{len(shape)} dims {tuple(shape)}"
         )
+    meta = torch.empty(shape, device="meta")
     expected = (meta[target.index] if target.index else meta).shape
     if tensor.shape != expected:
         where = "the model expects" if not target.index else f"{_describe(target)} is"

@@ -17,6 +17,7 @@ from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
 from metrale_model_arch.tokenizer import Tokenizer
+from metrale_model_arch.weight_format import Quantization
 
 # The Rust engine's fallback when a model ships no template of its own.
 CHATML_TEMPLATE = (
@@ -37,6 +38,7 @@ class LoadedModel:
     chat_template: ChatTemplate
     dtype: torch.dtype
     device: torch.device
+    quantization: Quantization = Quantization.NONE
 
     @property
     def max_seq_len(self) -> int:
@@ -71,14 +73,18 @@ def load_model(
     chat_template: ChatTemplate | None = None,
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
+    quantization: Quantization | str = Quantization.NONE,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
     ``max_seq_len`` caps the context (default: the model's ``max_position_embeddings``);
     ``chat_template`` replaces the model's own. Without either, ChatML is used. Weights and
     tables are allocated through ``allocator`` (an allocation ledger, in the server);
-    ``on_progress(done, total)`` hears of every checkpoint tensor loaded.
+    ``on_progress(done, total)`` hears of every checkpoint tensor loaded. ``quantization``
+    ``int8`` stores the embeddings and projections as int8 per row
+    (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations' and norms'.
     """
+    quantization = Quantization(quantization)
     source = resolve_model(name)
     device = torch.device(device)
     if source.kind == "gguf":
@@ -91,6 +97,7 @@ def load_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             on_progress=on_progress,
+            quantization=quantization,
         )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
@@ -106,6 +113,7 @@ def load_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             on_progress=on_progress,
+            quantization=quantization,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(
@@ -128,4 +136,5 @@ def load_model(
         chat_template=template,
         dtype=dtype,
         device=device,
+        quantization=quantization,
     )

@@ -9,6 +9,7 @@ LM_HEAD = "weights.lm_head"
 WEIGHT_OWNERS = (EMBEDDINGS, LAYERS, FINAL_NORM, LM_HEAD)
 
 ROPE_TABLE = "rope_table"
+ROPE_TABLE_BUFFER = "cos_sin_cache"  # the module buffer that holds it
 KV_POOL = "kv_pool"
 BUFFER_ARENA = "buffer_arena"
 PER_SEQUENCE_STATE = "per_sequence_state"

@@ -12,7 +12,7 @@ from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
-from metrale_model_arch.families.llama import LlamaForCausalLM
+from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
 from metrale_model_arch.families.qwen3_moe import (
     Qwen3MoeForCausalLM,
@@ -20,15 +20,15 @@ from metrale_model_arch.families.qwen3_moe import (
 )
 from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
 from metrale_model_arch.loading.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
-from metrale_model_arch.loading.mapping import same_names
 
 LLAMA = Architecture(
     model_type="llama",
     module=LlamaForCausalLM,
-    checkpoint_mapping=same_names,
+    checkpoint_mapping=llama_checkpoint_mapping,
     gguf_names=LLAMA_GGUF_NAMES,
     param_counts=llama_param_counts,
     cache_specs=attention_cache_specs,
+    int8_linears=frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}),
 )
 QWEN3_MOE = Architecture(
     model_type="qwen3_moe",

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import attrs
 
+from metrale_config import read_bool_lever
+
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto`` (named here: importing model-arch
+# would import torch, and ``met --help`` should not wait for it).
+QUANTIZATION_CHOICES = ("auto", "none", "int8")
 
 
 @attrs.frozen(kw_only=True)
@@ -18,11 +23,17 @@ class EngineArgs:
     full-length sequences can use and, when set, to ``kv_cache_memory_gib`` (``None``: 4 GiB on
     the CPU, as vLLM's CPU backend, so a laptop keeps its RAM; no cap on CUDA);
     ``num_kv_blocks`` fixes it instead (it must still fit). The running set is limited by free
-    KV blocks and ``max_batch_size`` (256, as vLLM's ``max_num_seqs``).
+    KV blocks and ``max_batch_size`` (256, as vLLM's ``max_num_seqs``). Unless
+    ``enforce_eager`` (default: the ``METRALE_ENFORCE_EAGER`` lever), a dense llama-family
+    model on the CPU runs its layer steps compiled once a background compile finishes.
+    ``quantization``
+    ``auto`` is ``int8`` on a CPU with int8 dot products (VNNI, AMX) serving a float32 model
+    whose type has an int8 path, ``none`` otherwise.
     """
 
     model: str | None = None
     dtype: str = "auto"
+    quantization: str = "auto"
     device: str = "auto"
     block_size: int = 16
     max_seq_len: int | None = None
@@ -32,9 +43,15 @@ class EngineArgs:
     kv_cache_memory_gib: float | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    enforce_eager: bool = attrs.field(factory=lambda: read_bool_lever("METRALE_ENFORCE_EAGER"))
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
+        if self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                f"got {self.quantization!r}"
+            )
         for name in ("block_size", "max_batch_tokens"):
             value = getattr(self, name)
             if value < 1:

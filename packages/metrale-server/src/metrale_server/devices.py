@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from metrale_config import ModelConfig
+from metrale_kernels import cpu_features
+from metrale_model_arch import LoadedModel, Quantization
+from metrale_model_arch.registry import ARCHITECTURES
 from metrale_server.args import DTYPE_NAMES
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -26,3 +30,36 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     if spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[spec]
+
+
+def resolve_quantization(
+    spec: str, device: torch.device, dtype: torch.dtype, config: ModelConfig
+) -> Quantization:
+    """``auto`` is int8 where it is the fastest path measured: on a CPU with int8 dot products
+    (``benches/peer_llamacpp.py``), for a float32 serve of a model type with an int8 path."""
+    if spec != "auto":
+        return Quantization(spec)
+    record = ARCHITECTURES.get(config.model_type)
+    if (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and cpu_features().int8_dot
+        and record is not None
+        and record.int8_linears
+    ):
+        return Quantization.INT8
+    return Quantization.NONE
+
+
+def kernel_summary(loaded: LoadedModel) -> str:
+    """Which kernels run the matmuls and attention, and the CPU features that chose them."""
+    backend = loaded.model.backend.name
+    if loaded.device.type != "cpu":
+        return f"{backend} backend"
+    if loaded.quantization == Quantization.INT8:
+        matmul = "int8 x int8 -> int32 matmuls (torch._int_mm, oneDNN)"
+    else:
+        matmul = f"{str(loaded.dtype).removeprefix('torch.')} matmuls (torch linear)"
+        if loaded.dtype == torch.bfloat16 and not cpu_features().bf16_dot:
+            matmul += " without AVX512-BF16 or AMX: slow here"
+    return f"{matmul}, {backend} attention; CPU: {cpu_features().describe()}"

@@ -254,3 +254,23 @@ def test_a_missing_model_is_an_error_not_a_traceback(runner: CliRunner, tmp_path
     assert result.exit_code == 1
     assert "nothing-here" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_int8_weights_are_planned_at_a_byte_plus_a_scale_per_row(runner: CliRunner) -> None:
+    config = read_model_config(resolve_model(None))
+    plans = {q: memory_json(runner, "--quantization", q) for q in ("none", "int8")}
+    assert plans["int8"]["inputs"]["quantization"] == "int8"
+    embeddings = {q: plan["by_owner"]["weights.embeddings"] for q, plan in plans.items()}
+    assert embeddings["none"] == config.vocab_size * config.hidden_size * 4
+    assert embeddings["int8"] == config.vocab_size * (config.hidden_size + 4)
+    assert (
+        plans["int8"]["by_owner"]["weights.layers"]
+        < plans["none"]["by_owner"]["weights.layers"] / 3
+    )
+    assert "Weights (int8 per channel" in memory(runner, "--quantization", "int8").stdout
+
+
+def test_an_unknown_quantization_names_the_flag(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["memory", "--quantization", "int4"])
+    assert result.exit_code == 2
+    assert "--quantization" in result.output

@@ -221,10 +221,15 @@ def hand_kv_bytes_per_token(dtype_bytes: int) -> int:
     return NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * dtype_bytes
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("dtype", "quantization"), [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")]
+)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_ledger_equals_plan_by_owner(
-    family_dirs: dict[str, tuple[Path, dict[str, int]]], family: str, dtype: str
+    family_dirs: dict[str, tuple[Path, dict[str, int]]],
+    family: str,
+    dtype: str,
+    quantization: str,
 ) -> None:
     path, hf_fp32_weights = family_dirs[family]
     config = ModelConfig.from_hf_config(path)
@@ -234,6 +239,7 @@ def test_ledger_equals_plan_by_owner(
         EngineArgs(
             model=str(path),
             dtype=dtype,
+            quantization=quantization,
             device="cpu",
             max_seq_len=MAX_SEQ_LEN,
             max_batch_size=MAX_BATCH_SIZE,
@@ -247,8 +253,15 @@ def test_ledger_equals_plan_by_owner(
     assert engine.ledger.live_bytes() == sum(allocated.values())
 
     # The plan against numbers that do not come from the plan's code.
-    hf_weights = {owner: size * dtype_bytes // 4 for owner, size in hf_fp32_weights.items() if size}
-    assert {o: s for o, s in allocated.items() if o.startswith("weights.")} == hf_weights
+    weights = {o: s for o, s in allocated.items() if o.startswith("weights.")}
+    if quantization == "none":
+        hf = {owner: size * dtype_bytes // 4 for owner, size in hf_fp32_weights.items() if size}
+        assert weights == hf
+    else:  # a byte per value and a float32 scale per row: vocab rows of hidden values
+        int8_table = config.vocab_size * (config.hidden_size + 4)
+        assert weights[EMBEDDINGS] == int8_table
+        assert weights.get(LM_HEAD, int8_table) == int8_table
+        assert weights[LAYERS] < hf_fp32_weights[LAYERS] / 3
     assert (LM_HEAD in allocated) == (not config.tie_word_embeddings)
     assert plan.kv_bytes_per_token == hand_kv_bytes_per_token(dtype_bytes)
     blocks_per_seq = MAX_SEQ_LEN // BLOCK_SIZE

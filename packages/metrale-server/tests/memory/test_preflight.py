@@ -156,7 +156,7 @@ def test_the_boot_log_has_a_line_per_owner_and_the_kv_line(tiny_model_dir: Path)
     config = ModelConfig.from_hf_config(tiny_model_dir)
     lines = plan_log_lines(plan, config)
     for start in (
-        "Weights: ",
+        "Weights (",
         "RoPE table: ",
         "Per-sequence state reserve: 0 MiB",
         "Buffer arena: ",

@@ -7,10 +7,16 @@ import attrs
 
 @attrs.frozen(kw_only=True)
 class ParamCounts:
-    """Parameter counts by owner at the serve dtype, plus the layers' float32 parameters."""
+    """Parameter counts by owner at the serve dtype, plus the layers' float32 parameters.
+
+    ``layers_int8_weights``: how many of ``layers`` are weights of the linear layers int8
+    quantization replaces, in ``layers_int8_rows`` output channels (each with a scale).
+    """
 
     embeddings: int
     layers: int
     final_norm: int
     lm_head: int
     layers_fp32: int = 0
+    layers_int8_weights: int = 0
+    layers_int8_rows: int = 0

@@ -12,6 +12,8 @@ def llama_param_counts(config: ModelConfig) -> ParamCounts:
     q_size = config.num_attention_heads * config.head_dim
     kv_size = config.num_key_value_heads * config.head_dim
     attention = hidden * (q_size + 2 * kv_size) + q_size * hidden
+    linear_weights = attention + 3 * hidden * config.intermediate_size
+    linear_rows = (q_size + 2 * kv_size) + hidden + 2 * config.intermediate_size + hidden
     if config.qkv_bias:
         attention += q_size + 2 * kv_size
     if config.o_proj_bias:
@@ -28,4 +30,6 @@ def llama_param_counts(config: ModelConfig) -> ParamCounts:
         layers=config.num_hidden_layers * per_layer,
         final_norm=hidden,
         lm_head=0 if config.tie_word_embeddings else embeddings,
+        layers_int8_weights=config.num_hidden_layers * linear_weights,
+        layers_int8_rows=config.num_hidden_layers * linear_rows,
     )

@@ -62,4 +62,7 @@ def _routed_moe_param_counts(config: ModelConfig) -> ParamCounts:
     mlps = sum(sparse_mlp if kind == SPARSE else dense_mlp for kind in moe.mlp_layer_types)
     # The llama plan with a zero-width MLP counts exactly the embeddings, attention, norms, head.
     without_mlp = llama_param_counts(attrs.evolve(config, intermediate_size=0, mlp_bias=False))
-    return attrs.evolve(without_mlp, layers=without_mlp.layers + mlps)
+    # No int8 path for these families yet (their records list no int8 linears).
+    return attrs.evolve(
+        without_mlp, layers=without_mlp.layers + mlps, layers_int8_weights=0, layers_int8_rows=0
+    )

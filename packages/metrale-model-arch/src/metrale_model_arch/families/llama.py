@@ -6,7 +6,9 @@ before rotary (Qwen3), an explicit ``head_dim``, sliding-window layers, tied emb
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,10 +17,15 @@ from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
 from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.families.base import CausalLM, LayerCache
+from metrale_model_arch.families.int8_layers import Int8Linear
 from metrale_model_arch.families.rotary import rope_cos_sin_table
+from metrale_model_arch.loading.mapping import CheckpointMapping, TensorTarget
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
 UNSUPPORTED_FEATURES = ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit")
+
+_QKV = re.compile(r"(?P<prefix>.+)\.(?P<part>[qkv])_proj\.(?P<kind>weight|bias)")
+_GATE_UP = re.compile(r"(?P<prefix>.+)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)")
 
 
 class RMSNorm(nn.Module):
@@ -43,10 +50,10 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.sliding_window = sliding_window
         self.backend = backend
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
+        q_size, kv_size = qkv_sizes(config)
+        self.qkv_split = (q_size, kv_size, kv_size)
+        # q, k and v rows stacked: one matmul reads the normed input once.
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
@@ -54,29 +61,34 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
+    def project_qkv(
+        self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normed ``hidden (tokens, hidden)`` -> q, k (rotated) and v, ``(tokens, heads, dim)``."""
         num_tokens = hidden.shape[0]
-        # (tokens, heads, head_dim)
-        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.backend.apply_rotary(q, k, positions, cos_sin)
+        return q, k, v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Write k, v into the paged cache and attend; ``(tokens, heads, head_dim)`` out."""
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
-        attended = self.backend.paged_attention(
+        return self.backend.paged_attention(
             q, k_cache, v_cache, metadata, self.scale, self.sliding_window
         )
-        out: torch.Tensor = self.o_proj(attended.reshape(num_tokens, -1))
-        return out
 
 
 class LlamaMLP(nn.Module):
@@ -86,13 +98,13 @@ class LlamaMLP(nn.Module):
         super().__init__()
         hidden, bias = config.hidden_size, config.mlp_bias
         intermediate = config.intermediate_size if intermediate_size is None else intermediate_size
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        # gate rows, then up rows: one matmul, and silu_and_mul reads the halves in place.
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
         self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        gate_up = self.gate_up_proj(x)
         out: torch.Tensor = self.down_proj(self.backend.silu_and_mul(gate_up))
         return out
 
@@ -123,12 +135,34 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        attended = self.self_attn(
-            self.input_layernorm(hidden), positions, cos_sin, kv_cache, metadata
-        )
-        hidden = hidden + attended
-        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return out
+        q, k, v = layer_qkv(self, hidden, positions, cos_sin)
+        attended = self.self_attn.attend(q, k, v, kv_cache, metadata)
+        return layer_output(self, hidden, attended)
+
+
+QkvStep = Callable[
+    ["LlamaDecoderLayer", torch.Tensor, torch.Tensor, torch.Tensor],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+]
+OutputStep = Callable[["LlamaDecoderLayer", torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# A layer's step around its paged attention, in two segments of plain tensor ops (the part
+# ``torch.compile`` can fuse): before it, the normed input's rotated q/k and v; after it, the
+# output projection, residuals and MLP. Module-level functions, so one compiled graph serves
+# every layer (the weights are its inputs).
+def layer_qkv(
+    layer: LlamaDecoderLayer, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layer.self_attn.project_qkv(layer.input_layernorm(hidden), positions, cos_sin)
+
+
+def layer_output(
+    layer: LlamaDecoderLayer, hidden: torch.Tensor, attended: torch.Tensor
+) -> torch.Tensor:
+    hidden = hidden + layer.self_attn.o_proj(attended.reshape(hidden.shape[0], -1))
+    out: torch.Tensor = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return out
 
 
 class LlamaModel(nn.Module):
@@ -175,9 +209,15 @@ class LlamaForCausalLM(CausalLM):
         self.max_seq_len = max_seq_len or config.max_position_embeddings
         self.backend = backend if backend is not None else TorchBackend()
         self.model = LlamaModel(config, self.max_seq_len, self.backend, self.build_mlp)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # int8 weights swap in an ``Int8Linear`` (``build_model``).
+        self.lm_head: nn.Linear | Int8Linear = nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # The two segments of each layer's step (see ``layer_qkv``); a runner may swap in
+        # compiled versions of the same functions.
+        self.layer_steps: tuple[QkvStep, OutputStep] = (layer_qkv, layer_output)
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:
@@ -199,16 +239,60 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
         cos_sin = self.model.cos_sin_cache
         hidden = self.model.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, cos_sin, kv_cache, metadata)
+        qkv_step, output_step = self.layer_steps
+        layers = cast("Sequence[LlamaDecoderLayer]", self.model.layers)
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
+            q, k, v = qkv_step(layer, hidden, positions, cos_sin)
+            attended = layer.self_attn.attend(q, k, v, kv_cache, metadata)
+            hidden = output_step(layer, hidden, attended)
         out: torch.Tensor = self.model.norm(hidden)
         return out
 
+    @property
+    def has_dense_layers(self) -> bool:
+        """Every layer's MLP is the dense SwiGLU one (what a compiled ``layer_output`` traces)."""
+        return all(type(layer.mlp) is LlamaMLP for layer in self.model.layers)
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(self.lm_head, Int8Linear):
+            quantized: torch.Tensor = self.lm_head(hidden, out=out)
+            return quantized
         if out is None:
             logits: torch.Tensor = self.lm_head(hidden)
             return logits
         return torch.mm(hidden, self.lm_head.weight.t(), out=out)
+
+
+def llama_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
+    """Checkpoint names -> parameters: ``q/k/v_proj`` into row ranges of ``qkv_proj``,
+    ``gate/up_proj`` into the halves of ``gate_up_proj`` (weights and biases); every other
+    tensor to the parameter of its own name."""
+    q_size, kv_size = qkv_sizes(config)
+    qkv_rows = {
+        "q": slice(0, q_size),
+        "k": slice(q_size, q_size + kv_size),
+        "v": slice(q_size + kv_size, q_size + 2 * kv_size),
+    }
+
+    def target(name: str, shape: tuple[int, ...]) -> TensorTarget:
+        if match := _QKV.fullmatch(name):
+            fused = f"{match['prefix']}.qkv_proj.{match['kind']}"
+            return TensorTarget(fused, (qkv_rows[match["part"]],))
+        if match := _GATE_UP.fullmatch(name):
+            rows = shape[0]
+            half = slice(0, rows) if match["part"] == "gate" else slice(rows, 2 * rows)
+            return TensorTarget(f"{match['prefix']}.gate_up_proj.{match['kind']}", (half,))
+        return TensorTarget(name)
+
+    return target
+
+
+def qkv_sizes(config: ModelConfig) -> tuple[int, int]:
+    """Rows of the q projection and of each of k and v."""
+    return (
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
 
 
 def check_supported(

@@ -23,8 +23,9 @@ from metrale_model_arch.families.llama import (
     LlamaForCausalLM,
     LlamaMLP,
     check_supported,
+    llama_checkpoint_mapping,
 )
-from metrale_model_arch.loading import CheckpointMapping, Skip, TensorTarget, same_names
+from metrale_model_arch.loading import CheckpointMapping, Skip, TensorTarget
 
 
 class StackedExperts(nn.Module):
@@ -110,9 +111,9 @@ def moe_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
     ``block_sparse_moe.experts.E.{w1,w3,w2}.weight``), stacked ones (transformers' in-memory
     ``mlp.experts.{gate_up_proj,down_proj}``, GGUF's ``mlp.experts.{gate,up,down}_proj.weight``
     of ``(experts, rows, cols)``) and Mixtral's ``block_sparse_moe.gate.weight``; every other
-    name as the llama family maps it (:func:`same_names`).
+    name as the llama family maps it (:func:`llama_checkpoint_mapping`).
     """
-    other = same_names(config)
+    other = llama_checkpoint_mapping(config)
     intermediate = require_moe(config).moe_intermediate_size
     halves = {"gate_proj": slice(0, intermediate), "up_proj": slice(intermediate, None)}
 

@@ -24,6 +24,7 @@ from metrale_model_arch.loading.gguf_dequant import dequantize
 from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
 from metrale_model_arch.registry import planned_architecture
+from metrale_model_arch.weight_format import Quantization
 
 SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 
@@ -75,9 +76,11 @@ def load_gguf_model(
     max_seq_len: int | None = None,
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
+    quantization: Quantization = Quantization.NONE,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
-    dequantized and then cast to ``dtype``, with a progress bar on a terminal."""
+    dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
+    ``quantization``), with a progress bar on a terminal."""
     header = gguf_file if isinstance(gguf_file, GgufHeader) else read_gguf_header(gguf_file)
     config = ModelConfig.from_gguf_header(header)
     num_tensors = sum(tensor.name not in SKIPPED_GGUF_TENSORS for tensor in header.tensors)
@@ -91,6 +94,7 @@ def load_gguf_model(
             device=device,
             max_seq_len=max_seq_len,
             allocator=allocator,
+            quantization=quantization,
         )
 
 

@@ -29,6 +29,7 @@ from metrale_model_arch.owners import (
     ROPE_TABLE,
     RUNTIME_HEADROOM,
 )
+from metrale_model_arch.weight_format import Quantization
 
 __all__ = [
     "BUFFER_ARENA",
@@ -73,6 +74,7 @@ class PlanInputs:
     kv_cache_max_bytes: int | None = None
     spec_on: bool = False
     indexer_paged: bool = True
+    quantization: Quantization = Quantization.NONE
 
     @property
     def budget_bytes(self) -> int:
@@ -187,7 +189,7 @@ def plan_memory(config: ModelConfig, inputs: PlanInputs) -> MemoryPlan:
 
 def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> MemoryPlan:
     budget = inputs.budget_bytes
-    weights = weight_bytes(config, inputs.dtype_bytes)
+    weights = weight_bytes(config, inputs.dtype_bytes, inputs.quantization)
     rope = rope_table_bytes(config, inputs.max_seq_len)
     per_sequence = per_sequence_state_bytes(
         config, inputs.max_seq_len, inputs.spec_on, indexer_paged=inputs.indexer_paged

@@ -8,6 +8,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.state import ServerState
+from metrale_server.engine.layer_compiler import LayerCompiler
+
+
+def layer_steps_state(compiler: LayerCompiler | None) -> str:
+    """``eager`` (never compiled), ``compiling`` (eager until done) or ``compiled``."""
+    if compiler is None or (compiler.done.is_set() and not compiler.compiled):
+        return "eager"
+    return "compiled" if compiler.compiled else "compiling"
 
 
 async def server_info(request: Request, *, state: ServerState) -> Response:
@@ -17,6 +25,8 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
         {
             "model": state.served_model_name,
             "dtype": str(loaded.dtype).removeprefix("torch."),
+            "quantization": str(loaded.quantization),
+            "layer_steps": layer_steps_state(engine.core.compiler),
             "device": str(loaded.device),
             "num_kv_blocks": engine.num_kv_blocks,
             "block_size": engine.args.block_size,

@@ -29,7 +29,9 @@ def run_generate(
     from metrale_server.engine.engine import Engine
     from metrale_server.sampling.params import SamplingParams
 
-    engine = Engine(EngineArgs(model=model, dtype=dtype, device=device, max_batch_size=1))
+    # One short generation ends long before a compile would: never start one.
+    args = EngineArgs(model=model, dtype=dtype, device=device, max_batch_size=1, enforce_eager=True)
+    engine = Engine(args)
     loaded = engine.loaded
     if chat:
         text = loaded.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)

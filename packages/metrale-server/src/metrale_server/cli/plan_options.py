@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import attrs
 import click
 
-from metrale_server.args import DTYPE_NAMES, EngineArgs
+from metrale_server.args import DTYPE_NAMES, QUANTIZATION_CHOICES, EngineArgs
 
 _DEFAULTS = EngineArgs()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,12 +48,14 @@ class PlanOptions:
     num_kv_blocks: int | None
     kv_cache_memory_gib: float | None
     dtype: str
+    quantization: str
     device: str
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
             model=model,
             dtype=self.dtype,
+            quantization=self.quantization,
             device=self.device,
             block_size=self.block_size,
             max_seq_len=self.max_seq_len,
@@ -71,8 +73,8 @@ _PLAN_FIELDS = tuple(field.name for field in attrs.fields(PlanOptions))
 
 def plan_options(command: F) -> F:
     """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
-    ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype`` and
-    ``--device``."""
+    ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype``,
+    ``--quantization`` and ``--device``."""
     options = [
         click.option(
             "--max-seq-len",
@@ -134,6 +136,17 @@ def plan_options(command: F) -> F:
             default="auto",
             show_default=True,
             help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+        ),
+        click.option(
+            "--quantization",
+            "-q",
+            type=click.Choice(QUANTIZATION_CHOICES),
+            default=_DEFAULTS.quantization,
+            show_default=True,
+            help="Weight format of the projections, embeddings and head. int8: int8 weights "
+            "per output channel times int8 activations per token (W8A8), a quarter of "
+            "float32's bytes. auto: int8 on a CPU with int8 dot products (VNNI/AMX) for a "
+            "float32 serve, none (the --dtype weights) otherwise.",
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."

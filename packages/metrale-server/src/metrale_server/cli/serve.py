@@ -54,6 +54,13 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "prompt_tokens_details.cached_tokens).",
 )
 @click.option(
+    "--enforce-eager",
+    is_flag=True,
+    default=_ENGINE_DEFAULTS.enforce_eager,
+    help="Never compile the layer steps with torch.compile (by default a dense llama-family "
+    "model on the CPU compiles them in the background while eager steps serve).",
+)
+@click.option(
     "--api-key",
     "api_keys",
     multiple=True,
@@ -115,6 +122,7 @@ def serve(
     port: int,
     served_model_name: str | None,
     enable_prefix_caching: bool,
+    enforce_eager: bool,
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
     request_timeout: float,
@@ -165,7 +173,12 @@ def serve(
     except (ValueError, OSError) as error:
         raise click.ClickException(str(error)) from error
     args = ServeArgs(
-        engine_args=plan.engine_args(model, enable_prefix_caching=enable_prefix_caching, seed=seed),
+        engine_args=plan.engine_args(
+            model,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager,
+            seed=seed,
+        ),
         served_model_name=served_model_name or default_served_model_name(source),
         host=host,
         port=port,

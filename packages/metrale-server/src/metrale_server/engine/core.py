@@ -10,9 +10,11 @@ import attrs
 
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
+from metrale_model_arch.owners import ROPE_TABLE_BUFFER
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.model_runner import ModelRunner, SampledToken
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
@@ -68,6 +70,7 @@ class EngineCore:
                 device=device,
                 max_seq_len=plan.inputs.max_seq_len,
                 allocator=self.ledger.allocate,
+                quantization=plan.inputs.quantization,
             )
         elif plan is None:
             max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
@@ -76,6 +79,7 @@ class EngineCore:
                 loaded.config,
                 device=loaded.device,
                 dtype=loaded.dtype,
+                quantization=loaded.quantization,
             )
         self.loaded = loaded
         self.args = args
@@ -102,6 +106,9 @@ class EngineCore:
             allocator=self.ledger.allocate,
             seed=args.seed,
             indexer_paged=plan.inputs.indexer_paged,
+        )
+        self.compiler = LayerCompiler.start_if_useful(
+            loaded.model, enforce_eager=args.enforce_eager or loaded.device.type != "cpu"
         )
         self.eos_token_ids = loaded.eos_token_ids
         self._groups: dict[str, SequenceGroup] = {}
@@ -302,5 +309,7 @@ class EngineCore:
 def _adopt_model(ledger: MemoryLedger, loaded: LoadedModel) -> None:
     for name, param in loaded.model.named_parameters():
         ledger.adopt(weight_owner(name), param)
-    for _, buffer in loaded.model.named_buffers():
-        ledger.adopt(ROPE_TABLE, buffer)
+    for name, buffer in loaded.model.named_buffers():
+        # Int8 weights are buffers too (``qweight``, ``scale``); the RoPE table is the other.
+        owner = ROPE_TABLE if name.endswith(ROPE_TABLE_BUFFER) else weight_owner(name)
+        ledger.adopt(owner, buffer)

@@ -16,7 +16,7 @@ import click
 import torch
 
 from metrale_config import ModelConfig
-from metrale_model_arch import read_model_config, resolve_model
+from metrale_model_arch import Quantization, read_model_config, resolve_model
 from metrale_model_arch.memory import (
     MemoryPlan,
     MemoryPlanError,
@@ -24,7 +24,7 @@ from metrale_model_arch.memory import (
     weight_bytes,
 )
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.devices import resolve_device, resolve_dtype, resolve_quantization
 from metrale_server.memory.preflight import (
     PreflightError,
     indexer_paged,
@@ -59,13 +59,19 @@ def run_memory(
     config = read_config(model)
     device = plan_device(engine_args.device, device_memory_gib)
     dtype = resolve_dtype(engine_args.dtype, device)
+    quantization = resolve_quantization(engine_args.quantization, device, dtype, config)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)
     try:
         plan = plan_engine_memory(
-            engine_args, config, device=device, dtype=dtype, total_bytes=total
+            engine_args,
+            config,
+            device=device,
+            dtype=dtype,
+            total_bytes=total,
+            quantization=quantization,
         )
     except (MemoryPlanError, PreflightError) as error:
-        _print_refusal(config, device, dtype, error, as_json=as_json)
+        _print_refusal(config, device, dtype, quantization, error, as_json=as_json)
         return 1
     if as_json:
         click.echo(json.dumps(plan_json(plan, config, device), indent=2))
@@ -105,11 +111,12 @@ def _print_refusal(
     config: ModelConfig,
     device: torch.device,
     dtype: torch.dtype,
+    quantization: Quantization,
     error: Exception,
     *,
     as_json: bool,
 ) -> None:
-    weights = weight_bytes(config, dtype.itemsize)
+    weights = weight_bytes(config, dtype.itemsize, quantization)
     per_token = kv_bytes_per_token(config, dtype.itemsize, indexer_paged=indexer_paged())
     term = error.term if isinstance(error, MemoryPlanError) else "device"
     if as_json:

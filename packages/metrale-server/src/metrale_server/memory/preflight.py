@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from metrale_config import ModelConfig, read_bool_lever
+from metrale_model_arch import Quantization
 from metrale_model_arch.memory import (
     GLM5_NEXT_MODEL_TYPES,
     MemoryPlan,
@@ -20,6 +21,7 @@ from metrale_model_arch.memory import (
     plan_memory,
 )
 from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
+from metrale_server.devices import resolve_quantization
 from metrale_server.memory.host_memory import host_total_memory_bytes
 
 MIB = 2**20
@@ -61,7 +63,11 @@ def plan_inputs(
     device: torch.device,
     dtype: torch.dtype,
     total_bytes: int | None = None,
+    quantization: Quantization | None = None,
 ) -> PlanInputs:
+    """``quantization``: the weights' format as loaded (``None``: as ``args`` resolves it)."""
+    if quantization is None:
+        quantization = resolve_quantization(args.quantization, device, dtype, config)
     return PlanInputs(
         device_kind=device.type,
         total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
@@ -75,6 +81,7 @@ def plan_inputs(
         kv_cache_max_bytes=kv_cache_max_bytes(args, device),
         spec_on=False,
         indexer_paged=indexer_paged(),
+        quantization=quantization,
     )
 
 
@@ -85,10 +92,21 @@ def plan_engine_memory(
     device: torch.device,
     dtype: torch.dtype,
     total_bytes: int | None = None,
+    quantization: Quantization | None = None,
 ) -> MemoryPlan:
     """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot."""
-    inputs = plan_inputs(args, config, device=device, dtype=dtype, total_bytes=total_bytes)
+    inputs = plan_inputs(
+        args, config, device=device, dtype=dtype, total_bytes=total_bytes, quantization=quantization
+    )
     return plan_memory(config, inputs)
+
+
+def weight_format(inputs: PlanInputs) -> str:
+    """``int8 per channel, float32 activations`` / ``float32``: how the weights are stored."""
+    activations = {4: "float32", 2: "16-bit"}.get(inputs.dtype_bytes, f"{inputs.dtype_bytes}-byte")
+    if inputs.quantization == Quantization.INT8:
+        return f"int8 per channel + {activations} norms and activations"
+    return activations
 
 
 def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
@@ -97,9 +115,9 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
     weights = plan.weights
     tied = " (tied to the embeddings)" if config.tie_word_embeddings else ""
     lines = [
-        f"Weights: {_gb(weights.total())} GiB = embeddings {_mb(weights.embeddings)} MiB + layers "
-        f"{_mb(weights.layers)} MiB + final norm {_mb(weights.final_norm)} MiB + lm_head "
-        f"{_mb(weights.lm_head)} MiB{tied}",
+        f"Weights ({weight_format(inputs)}): {_gb(weights.total())} GiB = embeddings "
+        f"{_mb(weights.embeddings)} MiB + layers {_mb(weights.layers)} MiB + final norm "
+        f"{_mb(weights.final_norm)} MiB + lm_head {_mb(weights.lm_head)} MiB{tied}",
         f"RoPE table: {_mb(plan.rope_table_bytes)} MiB ({inputs.max_seq_len} positions, float32)",
     ]
     if config.model_type in GLM5_NEXT_MODEL_TYPES and inputs.indexer_paged and config.dsa:

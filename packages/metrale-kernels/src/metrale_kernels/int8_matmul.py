@@ -1,0 +1,88 @@
+"""Int8 weights times activations in two int8 digits, accumulated in int32: the reference op.
+
+Weights are quantized once, symmetrically per output channel: ``w[n, :] ≈ scale[n] * q[n, :]``
+with ``q`` in ``[-127, 127]``. Activations are not rounded to one int8 step per token (vLLM's
+W8A8): on a small model that costs ~6% perplexity, most of it in the projections whose inputs
+have outlier channels. Instead each token ``x`` is written as two int8 digits,
+``x ≈ s * (d1 + d2 / 254)`` (``d1`` the usual per-token quantization with ``s = max|x| / 127``,
+``d2`` its rounding error in steps of ``s / 254``), an error of at most ``max|x| / 64516``. Both
+digits go through one ``torch._int_mm`` call as ``2 * tokens`` rows (oneDNN's VNNI path on
+x86): at decode sizes the matmul is bound by reading the weight, which happens once, so the
+second digit is nearly free. The int8 weight stays ``(out, in)`` row-major: its transpose is
+the column-major operand ``_int_mm`` streams fastest at one row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT8_MAX = 127
+# The second digit's step: the first digit's rounding error is at most half a step, so it
+# spans [-127, 127] steps of ``scale / DIGIT_BASE``.
+DIGIT_BASE = 2 * INT8_MAX
+# A row of zeros gets scale 1, not 0: it quantizes to zeros and dequantizes to zeros.
+_MIN_SCALE = torch.finfo(torch.float32).tiny
+
+
+def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x (rows, cols)`` -> ``(q int8 (rows, cols), scale float32 (rows,))``, symmetric.
+
+    The error of each element is at most ``scale / 2`` of its row (``max|row| / 254``).
+    """
+    x32 = x.to(torch.float32)
+    amax = x32.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).clamp_(min=_MIN_SCALE)
+    q = torch.round(x32 / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def two_digit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x (rows, cols)`` -> ``(digits int8 (2 * rows, cols), scale float32 (rows,))``.
+
+    ``x ≈ scale * (digits[:rows] + digits[rows:] / DIGIT_BASE)``, within ``scale / 508``.
+    No clamping is needed: ``|steps| <= 127`` and ``|steps - round(steps)| <= 1/2``.
+    """
+    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_SCALE)
+    steps = x * (INT8_MAX / amax)  # float32, in steps of the first digit
+    first = steps.round()
+    second = (steps - first).mul_(DIGIT_BASE).round_()
+    return torch.cat((first, second)).to(torch.int8), amax.squeeze(-1) / INT8_MAX
+
+
+def int8_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x (tokens, in)`` float times ``qweight (out, in)`` int8 with ``scale (out,)`` float32.
+
+    Returns ``(tokens, out)`` in ``x``'s dtype (``out`` when given). Versus
+    ``x @ dequantized.T`` the result carries the two-digit error of ``x`` (at most
+    ``max|row| / 64516`` per element of a row) and nothing else.
+    """
+    num_tokens = x.shape[0]
+    if num_tokens == 0:
+        empty = x.new_zeros((0, qweight.shape[0]))
+        return empty if out is None else out.copy_(empty)
+    digits, x_scale = two_digit_rows(x)
+    accumulated = torch._int_mm(digits, qweight.t())
+    # (first + second / base) in float32: exact enough (a relative 6e-8) for any int32 sum.
+    combined = accumulated[num_tokens:] * (1 / DIGIT_BASE) + accumulated[:num_tokens]
+    if x.dtype != torch.float32:
+        result = (combined * scale * x_scale.unsqueeze(-1)).to(x.dtype)
+        if bias is not None:
+            result += bias
+        return result if out is None else out.copy_(result)
+    result = torch.mul(combined, scale, out=out)
+    result.mul_(x_scale.unsqueeze(-1))
+    if bias is not None:
+        result.add_(bias)
+    return result
+
+
+def dequantize_rows(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 matrix ``scale[:, None] * qweight`` (for embeddings and references)."""
+    return qweight.to(torch.float32) * scale.unsqueeze(-1)

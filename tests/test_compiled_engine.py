@@ -1,0 +1,41 @@
+"""An engine that compiles its layer steps in the background: it serves eagerly while the
+compile runs, swaps the compiled steps in when done, and decodes what the eager engine does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metrale_model_arch.families.llama import layer_output, layer_qkv
+from metrale_server import LLM, SamplingParams
+
+# torch.compile imports modules that warn of their own deprecations.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+MAX_SEQ_LEN = 128
+PROMPTS = [{"prompt_token_ids": ids} for ids in ([5, 6, 7, 8, 9], [300, 12], [77] * 20)]
+
+
+def greedy(llm: LLM) -> list[tuple[int, ...]]:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    return [tuple(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_background_compile_swaps_in_and_decodes_as_eager(
+    tiny_model_factory: Callable[[int], Path], quantization: str
+) -> None:
+    model = str(tiny_model_factory(MAX_SEQ_LEN))
+    common = {"model": model, "device": "cpu", "quantization": quantization}
+    eager = LLM(**common, enforce_eager=True)
+    assert eager.engine.core.compiler is None
+    compiling = LLM(**common, enforce_eager=False)
+    compiler = compiling.engine.core.compiler
+    assert compiler is not None
+    assert greedy(compiling) == greedy(eager)  # served while (or after) compiling
+    assert compiler.wait(timeout=600), compiler.error
+    assert compiler.seconds is not None
+    assert compiling.engine.loaded.model.layer_steps != (layer_qkv, layer_output)
+    assert greedy(compiling) == greedy(eager)
