@@ -5,7 +5,7 @@
 A serving-shaped load on the bundled default model, CPU: prompt lengths drawn from
 64..256 tokens and output lengths from 16..256 (seeded), ``ignore_eos`` so every system makes
 exactly the requested tokens. Throughput = requested output tokens / wall time. The engine runs
-as ``LLM()`` with its defaults (what a user gets with no flags: on a CPU with int8 dot products,
+as ``LLM()`` with its defaults (what a user gets with no flags: on a CPU with AVX2 or better,
 int8 weights and compiled layer steps, timed once the background compile is done; ``--eager``
 and ``--quantization`` override); ``--sweep`` also runs explicit
 ``max_batch_size`` x ``max_batch_tokens`` settings and prints defaults / best. The baseline is

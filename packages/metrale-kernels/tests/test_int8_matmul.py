@@ -91,17 +91,21 @@ def test_bfloat16_activations_come_back_bfloat16() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpuinfo", "int8_dot", "bf16_dot"),
+    ("cpuinfo", "int8_dot", "bf16_dot", "int8_matmul"),
     [
-        ("processor : 0\nflags : fpu avx2 avx512f avx512_vnni avx512_bf16\n", True, True),
-        ("processor : 0\nflags : fpu avx2 fma\n", False, False),
-        ("processor : 0\nflags : avx2 avx_vnni amx_bf16\n", True, True),
-        ("", False, False),
+        ("processor : 0\nflags : fpu avx2 avx512f avx512_vnni avx512_bf16\n", True, True, True),
+        ("processor : 0\nflags : fpu avx2 fma\n", False, False, True),
+        ("processor : 0\nflags : avx2 avx_vnni amx_bf16\n", True, True, True),
+        ("processor : 0\nflags : fpu sse4_2 avx\n", False, False, False),
+        ("", False, False, False),
     ],
 )
-def test_cpu_features_from_cpuinfo(cpuinfo: str, int8_dot: bool, bf16_dot: bool) -> None:
+def test_cpu_features_from_cpuinfo(
+    cpuinfo: str, int8_dot: bool, bf16_dot: bool, int8_matmul: bool
+) -> None:
     features = CpuFeatures(flags=parse_cpu_flags(cpuinfo), machine="x86_64")
     assert features.int8_dot is int8_dot
+    assert features.int8_matmul is int8_matmul
     assert features.bf16_dot is bf16_dot
     assert features.describe()
 

@@ -27,6 +27,12 @@ class CpuFeatures:
         return any(flag in self.flags for flag in INT8_DOT_FLAGS) or self.machine == "aarch64"
 
     @property
+    def int8_matmul(self) -> bool:
+        """Int8 weights beat float32 here: int8 dot products, or AVX2 (measured with oneDNN
+        capped at AVX2 on this machine: batch-1 decode 22 vs 46 ms, batch 16 58 vs 108 ms)."""
+        return self.int8_dot or "avx2" in self.flags
+
+    @property
     def bf16_dot(self) -> bool:
         return any(flag in self.flags for flag in BF16_DOT_FLAGS)
 

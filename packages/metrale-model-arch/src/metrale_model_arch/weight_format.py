@@ -2,9 +2,9 @@
 
 ``none``: in the serve dtype, as the checkpoint's values (or its dequantized blocks) cast to it.
 ``int8``: int8 with a float32 scale per output channel (per vocabulary row for the embeddings
-and the head), multiplied by activations quantized to int8 per token (W8A8, dynamic): a
-quarter of float32's bytes to stream per token, and the CPU's int8 dot products. Norms, biases
-and the KV cache stay in the serve dtype.
+and the head), multiplied by activations written as two int8 digits per value
+(:mod:`metrale_kernels.int8_matmul`): a quarter of float32's bytes to stream per token, and the
+CPU's int8 dot products. Norms, biases and the KV cache stay in the serve dtype.
 """
 
 from __future__ import annotations

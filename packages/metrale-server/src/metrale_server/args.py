@@ -27,8 +27,8 @@ class EngineArgs:
     ``enforce_eager`` (default: the ``METRALE_ENFORCE_EAGER`` lever), a dense llama-family
     model on the CPU runs its layer steps compiled once a background compile finishes.
     ``quantization``
-    ``auto`` is ``int8`` on a CPU with int8 dot products (VNNI, AMX) serving a float32 model
-    whose type has an int8 path, ``none`` otherwise.
+    ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2, VNNI, AMX, arm64)
+    serving a float32 model whose type has an int8 path, ``none`` otherwise.
     """
 
     model: str | None = None

@@ -35,15 +35,16 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
 def resolve_quantization(
     spec: str, device: torch.device, dtype: torch.dtype, config: ModelConfig
 ) -> Quantization:
-    """``auto`` is int8 where it is the fastest path measured: on a CPU with int8 dot products
-    (``benches/peer_llamacpp.py``), for a float32 serve of a model type with an int8 path."""
+    """``auto`` is int8 where it is the fastest path measured: on a CPU where int8 matmuls beat
+    float32 (``CpuFeatures.int8_matmul``: AVX2 or better, arm64), for a float32 serve of a model
+    type with an int8 path."""
     if spec != "auto":
         return Quantization(spec)
     record = ARCHITECTURES.get(config.model_type)
     if (
         device.type == "cpu"
         and dtype == torch.float32
-        and cpu_features().int8_dot
+        and cpu_features().int8_matmul
         and record is not None
         and record.int8_linears
     ):

@@ -36,13 +36,15 @@ def test_unknown_device_type_is_refused() -> None:
 
 VNNI = CpuFeatures(flags=frozenset({"avx2", "avx512f", "avx512_vnni"}), machine="x86_64")
 AVX2_ONLY = CpuFeatures(flags=frozenset({"avx2", "fma"}), machine="x86_64")
+NO_AVX2 = CpuFeatures(flags=frozenset({"sse4_2", "avx"}), machine="x86_64")
 
 
 @pytest.mark.parametrize(
     ("features", "device", "dtype", "model_type", "expected"),
     [
         (VNNI, "cpu", torch.float32, "llama", Quantization.INT8),
-        (AVX2_ONLY, "cpu", torch.float32, "llama", Quantization.NONE),
+        (AVX2_ONLY, "cpu", torch.float32, "llama", Quantization.INT8),
+        (NO_AVX2, "cpu", torch.float32, "llama", Quantization.NONE),
         (VNNI, "cpu", torch.bfloat16, "llama", Quantization.NONE),
         (VNNI, "cuda", torch.float32, "llama", Quantization.NONE),
         (VNNI, "cpu", torch.float32, "qwen3_moe", Quantization.NONE),

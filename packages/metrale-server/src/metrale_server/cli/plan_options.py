@@ -144,9 +144,9 @@ def plan_options(command: F) -> F:
             default=_DEFAULTS.quantization,
             show_default=True,
             help="Weight format of the projections, embeddings and head. int8: int8 weights "
-            "per output channel times int8 activations per token (W8A8), a quarter of "
-            "float32's bytes. auto: int8 on a CPU with int8 dot products (VNNI/AMX) for a "
-            "float32 serve, none (the --dtype weights) otherwise.",
+            "per output row (a quarter of float32's bytes) times activations in two int8 "
+            "digits. auto: int8 on a CPU with AVX2, VNNI, AMX or arm64 for a float32 serve, "
+            "none (the --dtype weights) otherwise.",
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
