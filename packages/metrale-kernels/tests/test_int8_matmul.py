@@ -1,4 +1,4 @@
-"""Int8 W8A8 matmul against float32 on random inputs, within the error the format allows.
+"""The int8 matmul against float32 on random inputs, within the error the format allows.
 
 A weight element is off by at most half its row's scale ``sw[n] / 2``; an input element, written
 as two int8 digits, by at most ``sx[m] / 508`` (``sx`` its row's one-digit scale). So an output
@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from metrale_kernels import TorchBackend, dequantize_rows, int8_linear, quantize_per_row
 from metrale_kernels.cpu_features import CpuFeatures, parse_cpu_flags
-from metrale_kernels.int8_matmul import two_digit_rows
+from metrale_kernels.int8_matmul import error_bound, two_digit_rows
 
 FLOAT_SLACK = 1e-4  # float32 rounding of the reference and of the rescaling
 
 
-def format_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def hand_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The bound of the module docstring, written out here apart from ``error_bound``."""
     _, x_scale = quantize_per_row(x)
     _, w_scale = quantize_per_row(w)
     x_abs, w_abs = x.abs().sum(-1, keepdim=True), w.abs().sum(-1)
@@ -53,7 +54,14 @@ def test_int8_linear_is_within_the_format_bound(
     expected = x @ w.T + bias
     error = (got - expected).abs()
     assert got.dtype == torch.float32
-    assert bool((error <= format_bound(x, w) + FLOAT_SLACK * expected.abs().amax()).all())
+    assert bool((error <= error_bound(x, w) + FLOAT_SLACK * expected.abs().amax()).all())
+
+
+def test_error_bound_is_the_documented_bound() -> None:
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 96, generator=generator) * torch.logspace(-2, 1, 96)
+    w = torch.randn(40, 96, generator=generator) * 0.05
+    torch.testing.assert_close(error_bound(x, w), hand_bound(x, w), rtol=1e-6, atol=0)
 
 
 def test_quantize_per_row_error_is_at_most_half_a_step() -> None:

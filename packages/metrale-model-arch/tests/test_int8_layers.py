@@ -12,6 +12,7 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import quantize_per_row
+from metrale_kernels.int8_matmul import error_bound
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.llama import LlamaForCausalLM
@@ -71,14 +72,7 @@ def test_each_projection_is_within_the_int8_bound(tiny_config: ModelConfig) -> N
         (reference.lm_head, model.lm_head),
     ]
     for float_layer, int8_layer in pairs:
-        w = float_layer.weight
-        _, x_scale = quantize_per_row(x)
-        _, w_scale = quantize_per_row(w)
-        bound = (
-            x.abs().sum(-1, keepdim=True) * w_scale / 2
-            + x_scale[:, None] * w.abs().sum(-1) / 508
-            + x.shape[-1] * x_scale[:, None] * w_scale / 1016
-        )
+        bound = error_bound(x, float_layer.weight)
         with torch.inference_mode():
             error = (int8_layer(x) - float_layer(x)).abs()
         assert bool((error <= bound + 1e-5).all())

@@ -58,7 +58,7 @@ class KernelBackend:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x (tokens, in)`` times int8 ``qweight (out, in)`` with per-channel ``scale (out,)``,
-        activations quantized per token: see :func:`int8_matmul.int8_linear`. Float32 out."""
+        activations in two int8 digits: see :func:`int8_matmul.int8_linear`. ``x``'s dtype out."""
         return int8_matmul.int8_linear(x, qweight, scale, bias, out=out)
 
     def write_kv(

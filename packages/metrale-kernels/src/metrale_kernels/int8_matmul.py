@@ -20,7 +20,7 @@ INT8_MAX = 127
 # The second digit's step: the first digit's rounding error is at most half a step, so it
 # spans [-127, 127] steps of ``scale / DIGIT_BASE``.
 DIGIT_BASE = 2 * INT8_MAX
-# A row of zeros gets scale 1, not 0: it quantizes to zeros and dequantizes to zeros.
+# The smallest scale: a row of zeros never divides by zero (weights give it scale 1 outright).
 _MIN_SCALE = torch.finfo(torch.float32).tiny
 
 
@@ -81,6 +81,25 @@ def int8_linear(
     if bias is not None:
         result.add_(bias)
     return result
+
+
+def error_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The largest ``|int8_linear(x, *quantize_per_row(weight)) - x @ weight.T|`` the format
+    allows, element by element (float32 rounding aside).
+
+    A weight element is off by at most half its row's step ``sw[n] / 2``; an input element,
+    written as two digits, by at most ``sx[m] / 508`` (``sx`` its row's one-digit step). So
+    ``y[m, n] = sum_k x[m, k] w[n, k]`` is off by at most
+    ``sum_k |x[m, k]| sw[n] / 2 + |w[n, k]| sx[m] / 508 + sx[m] sw[n] / 1016``.
+    """
+    _, x_scale = quantize_per_row(x)
+    _, w_scale = quantize_per_row(weight)
+    x_abs, w_abs = x.abs().sum(-1, keepdim=True), weight.abs().sum(-1)
+    return (
+        x_abs * w_scale / 2
+        + x_scale[:, None] * w_abs / (2 * DIGIT_BASE)
+        + x.shape[-1] * x_scale[:, None] * w_scale / (4 * DIGIT_BASE)
+    )
 
 
 def dequantize_rows(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ class Int8Rows(nn.Module):
 
 
 class Int8Linear(Int8Rows):
-    """``y = x @ W.T + b`` with ``W`` int8 per output channel; float32 out.
+    """``y = x @ W.T + b`` with ``W`` int8 per output channel; ``x``'s dtype out.
 
     ``tied_to``: the embedding module whose matrix this head reads (see :func:`tie_int8_heads`).
     """

@@ -25,10 +25,8 @@ from metrale_model_arch.owners import (
     WEIGHT_OWNERS,
     weight_owner,
 )
-from metrale_model_arch.registry import param_counts
-from metrale_model_arch.weight_format import Quantization, int8_matrix_bytes
-
-FLOAT32_BYTES = 4
+from metrale_model_arch.registry import param_counts, planned_architecture
+from metrale_model_arch.weight_format import FLOAT32_BYTES, Quantization, int8_matrix_bytes
 
 __all__ = [
     "EMBEDDINGS",
@@ -80,7 +78,7 @@ def weight_bytes(
 
 
 def _int8_weight_bytes(config: ModelConfig, counts: ParamCounts, dtype_bytes: int) -> WeightBytes:
-    if counts.layers_int8_weights == 0:
+    if not planned_architecture(config).int8_linears:
         raise ValueError(f"{config.model_type}: int8 weights are not supported for this model type")
     hidden = config.hidden_size
     vocab_rows = counts.embeddings // hidden

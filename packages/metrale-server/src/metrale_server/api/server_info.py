@@ -11,13 +11,6 @@ from metrale_server.api.state import ServerState
 from metrale_server.engine.layer_compiler import LayerCompiler
 
 
-def layer_steps_state(compiler: LayerCompiler | None) -> str:
-    """``eager`` (never compiled), ``compiling`` (eager until done) or ``compiled``."""
-    if compiler is None or (compiler.done.is_set() and not compiler.compiled):
-        return "eager"
-    return "compiled" if compiler.compiled else "compiling"
-
-
 async def server_info(request: Request, *, state: ServerState) -> Response:
     engine = state.engine
     loaded = engine.loaded
@@ -26,7 +19,7 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
             "model": state.served_model_name,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": str(loaded.quantization),
-            "layer_steps": layer_steps_state(engine.core.compiler),
+            "layer_steps": LayerCompiler.state(engine.core.compiler),
             "device": str(loaded.device),
             "num_kv_blocks": engine.num_kv_blocks,
             "block_size": engine.args.block_size,

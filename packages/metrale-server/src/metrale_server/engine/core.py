@@ -108,7 +108,7 @@ class EngineCore:
             indexer_paged=plan.inputs.indexer_paged,
         )
         self.compiler = LayerCompiler.start_if_useful(
-            loaded.model, enforce_eager=args.enforce_eager or loaded.device.type != "cpu"
+            loaded.model, enforce_eager=args.enforce_eager
         )
         self.eos_token_ids = loaded.eos_token_ids
         self._groups: dict[str, SequenceGroup] = {}

@@ -40,6 +40,13 @@ class LayerCompiler:
         compiler._thread.start()
         return compiler
 
+    @staticmethod
+    def state(compiler: LayerCompiler | None) -> str:
+        """``eager`` (never compiled, or the compile failed), ``compiling`` or ``compiled``."""
+        if compiler is None or (compiler.done.is_set() and compiler.error is not None):
+            return "eager"
+        return "compiled" if compiler.done.is_set() else "compiling"
+
     @property
     def compiled(self) -> bool:
         return self.done.is_set() and self.error is None
