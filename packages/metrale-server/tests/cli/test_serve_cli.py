@@ -28,6 +28,8 @@ SERVE_FLAGS = (
     "--num-kv-blocks",
     "--enable-prefix-caching",
     "--dtype",
+    "--quantization",
+    "--enforce-eager",
     "--device",
     "--api-key",
     "--api-key-file",
@@ -96,6 +98,7 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--max-prefill-tokens", "-1"], "--max-prefill-tokens"),
         (["--num-kv-blocks", "0"], "--num-kv-blocks"),
         (["--dtype", "int3"], "--dtype"),
+        (["--quantization", "int4"], "--quantization"),
         (["--device", "tpu"], "--device"),
         (["--device", "nonsense:x"], "--device"),
         (["--request-timeout", "-1"], "--request-timeout"),
@@ -176,3 +179,25 @@ def test_port_in_use_names_the_flags(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     assert "--host/--port" in result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
+
+
+def test_int8_for_a_model_type_without_it_is_refused_before_loading(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    from transformers import Qwen3MoeConfig
+
+    Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ).save_pretrained(tmp_path)  # a config alone: the refusal comes before any weight is read
+    result = runner.invoke(main, ["serve", str(tmp_path), "--quantization", "int8", "--no-tui"])
+    assert result.exit_code == 1
+    assert "cannot plan this serve: qwen3_moe: int8 weights are not supported" in result.output

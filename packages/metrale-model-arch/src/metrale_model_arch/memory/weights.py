@@ -79,7 +79,10 @@ def weight_bytes(
 
 def _int8_weight_bytes(config: ModelConfig, counts: ParamCounts, dtype_bytes: int) -> WeightBytes:
     if not planned_architecture(config).int8_linears:
-        raise ValueError(f"{config.model_type}: int8 weights are not supported for this model type")
+        raise ValueError(
+            f"{config.model_type}: int8 weights are not supported for this model type yet; "
+            "use quantization 'none'"
+        )
     hidden = config.hidden_size
     vocab_rows = counts.embeddings // hidden
     kept = counts.layers - counts.layers_int8_weights

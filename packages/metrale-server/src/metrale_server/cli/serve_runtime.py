@@ -139,15 +139,18 @@ def preflight(args: ServeArgs) -> MemoryPlan:
     record_mem_available_at_start()
     engine_args = args.engine_args
     try:
-        device = resolve_device(engine_args.device)
+        device = resolve_device(engine_args.device)  # the CLI has checked it already
         config = read_model_config(resolve_model(engine_args.model))
+    except (ValueError, OSError) as error:  # ConfigError is a ValueError
+        raise ServeError(f"cannot read the model's config: {error}") from error
+    try:
         plan = plan_engine_memory(
             engine_args, config, device=device, dtype=resolve_dtype(engine_args.dtype, device)
         )
     except (MemoryPlanError, PreflightError) as error:
         raise ServeError(f"memory preflight: {error}") from error
-    except (ValueError, OSError) as error:  # ConfigError is a ValueError
-        raise ServeError(f"cannot read the model's config: {error}") from error
+    except ValueError as error:  # a format the model type has no path for
+        raise ServeError(f"cannot plan this serve: {error}") from error
     for line in plan_log_lines(plan, config):
         logger.info("%s", line)
     return plan
