@@ -38,6 +38,8 @@ REFERENCE_DEPS = {
         "protobuf",
         "openai>=1.40",
         "httpx>=0.27",
+        # Validates structured outputs against their JSON schemas.
+        "jsonschema>=4",
     ),
 }
 

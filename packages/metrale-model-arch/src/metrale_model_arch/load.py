@@ -52,9 +52,21 @@ class LoadedModel:
         return tuple(ids)
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        """The prompt text of ``messages``; ``tools`` and ``template_kwargs`` (such as
+        ``enable_thinking``) are variables of the template, as transformers passes them."""
+        return self.chat_template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            **(template_kwargs or {}),
+        )
 
 
 def read_model_config(source: ModelSource) -> ModelConfig:

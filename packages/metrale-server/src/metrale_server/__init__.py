@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
     from metrale_server.output.processor import RequestOutputKind
     from metrale_server.sampling.params import SamplingParams
+    from metrale_server.structured.params import StructuredOutputsParams
 
 _HOMES = {
     "LLM": "metrale_server.engine.llm",
@@ -33,6 +34,7 @@ _HOMES = {
     "RequestOutput": "metrale_server.output.outputs",
     "RequestOutputKind": "metrale_server.output.processor",
     "SamplingParams": "metrale_server.sampling.params",
+    "StructuredOutputsParams": "metrale_server.structured.params",
     "TokenLogprob": "metrale_server.output.outputs",
 }
 
@@ -49,6 +51,7 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TokenLogprob",
 ]
 

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from metrale_server.api.chat_output import ChoiceReader, delta_body, finish_reason, message_body
 from metrale_server.api.fields import parse_json_object
 from metrale_server.api.generation import (
     Generation,
@@ -27,6 +28,7 @@ from metrale_server.api.responses import (
 )
 from metrale_server.api.state import ServerState
 from metrale_server.api.streaming import EventStreamResponse, sse_event
+from metrale_server.api.structured_fields import compile_structured
 from metrale_server.output.outputs import RequestOutput
 
 ROLE = "assistant"
@@ -34,7 +36,13 @@ ROLE = "assistant"
 
 async def create_chat_completion(request: Request, *, state: ServerState) -> Response:
     body = parse_json_object(await request.body())
-    parsed = parse_chat_request(body, state.engine, state.served_model_name)
+    parsed = parse_chat_request(
+        body,
+        state.engine,
+        state.served_model_name,
+        has_tool_parser=state.tool_call_parser is not None,
+    )
+    await compile_structured(state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(
         id_prefix="chatcmpl",
         object="chat.completion.chunk" if parsed.stream.is_streamed else "chat.completion",
@@ -54,19 +62,35 @@ def chat_body(
     state: ServerState, request: ChatRequest, final: RequestOutput, header: ResponseHeader
 ) -> dict[str, Any]:
     raise_if_failed(final)
-    choices = [
-        {
-            "index": output.index,
-            "message": {"role": ROLE, "content": output.text},
-            "logprobs": None
-            if request.num_top_logprobs is None
-            else chat_logprobs(output.logprobs or (), state.token_texts),
-            "finish_reason": output.finish_reason,
-            "stop_reason": output.stop_reason,
-        }
-        for output in final.outputs
-    ]
+    choices = []
+    for output in final.outputs:
+        reader = _reader(state, request)
+        message = reader.read(output.text)
+        choices.append(
+            {
+                "index": output.index,
+                "message": message_body(reader, message),
+                "logprobs": None
+                if request.num_top_logprobs is None
+                else chat_logprobs(output.logprobs or (), state.token_texts),
+                "finish_reason": finish_reason(
+                    request.tools, output.finish_reason, bool(message.calls)
+                ),
+                "stop_reason": output.stop_reason,
+            }
+        )
     return header.body(choices, usage=usage_body([request.prompt], [final]))
+
+
+def _reader(state: ServerState, request: ChatRequest) -> ChoiceReader:
+    structured = request.structured
+    return ChoiceReader.for_request(
+        request.tools,
+        tool_call_parser=state.tool_call_parser,
+        reasoning_parser=state.reasoning_parser,
+        is_json_constrained=structured is not None
+        and structured.params.kind in ("json", "json_object"),
+    )
 
 
 async def chat_events(
@@ -82,6 +106,8 @@ async def chat_events(
         delta = {"role": ROLE, "content": ""}
         yield sse_event(header.body([_choice(index, delta, None, None)], **extra))
     progress = [ChoiceProgress() for _ in range(num_choices)]
+    readers = [_reader(state, request) for _ in range(num_choices)]
+    has_calls = [False] * num_choices
     finals: list[RequestOutput] = []
     merged = merge_outputs(generations)
     try:
@@ -90,15 +116,21 @@ async def chat_events(
             if output.finished:
                 finals.append(output)
             for completion in output.outputs:
-                sent = progress[completion.index]
+                index = completion.index
+                sent = progress[index]
                 entries = sent.new_logprobs(completion)
                 if not sent.has_news(completion, entries):
                     continue
+                read = readers[index].feed(completion.delta_text, is_final=completion.finished)
+                has_calls[index] |= bool(read.calls)
+                delta = delta_body(readers[index], read)
+                if not (delta or entries or completion.finished):
+                    continue  # the readers hold this text back until they know what it is
                 logprobs = None
                 if request.num_top_logprobs is not None:
                     logprobs = chat_logprobs(entries, state.token_texts)
-                delta = {"content": completion.delta_text} if completion.delta_text else {}
-                chunk = _choice(completion.index, delta, logprobs, completion.finish_reason)
+                reason = finish_reason(request.tools, completion.finish_reason, has_calls[index])
+                chunk = _choice(index, delta, logprobs, reason)
                 yield sse_event(header.body([chunk], **extra))
     finally:
         await merged.aclose()
@@ -107,6 +139,6 @@ async def chat_events(
 
 
 def _choice(
-    index: int, delta: dict[str, str], logprobs: dict[str, Any] | None, finish_reason: str | None
+    index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, finish_reason: str | None
 ) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

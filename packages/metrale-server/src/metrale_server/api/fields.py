@@ -47,21 +47,31 @@ def is_int(value: object) -> bool:
 class Fields:
     """Reads of one JSON object's fields. Absent and ``null`` fields read as the default.
 
-    ``prefix`` is prepended to field names in errors (``"stream_options."``).
+    ``prefix`` is prepended to field names in errors (``"stream_options."``). Every field a
+    read looks at is remembered, so ``refuse_unread`` can refuse the ones nobody implements
+    instead of ignoring them.
     """
 
     def __init__(self, body: Mapping[str, Any], prefix: str = "") -> None:
         self.body = body
         self.prefix = prefix
+        self._read: set[str] = set()
 
     def param(self, name: str) -> str:
         return self.prefix + name
 
     def has(self, name: str) -> bool:
-        return self.body.get(name) is not None
+        return self.raw(name) is not None
 
     def raw(self, name: str) -> Any:
+        self._read.add(name)
         return self.body.get(name)
+
+    def refuse_unread(self) -> None:
+        """A 400 naming the first field that is set (not ``null``) and was never read."""
+        for name, value in self.body.items():
+            if name not in self._read and value is not None:
+                self.fail(name, "is not supported by this server")
 
     def fail(self, name: str, message: str) -> NoReturn:
         raise bad_request(f"{self.param(name)}: {message}", param=self.param(name))
@@ -80,7 +90,7 @@ class Fields:
     def read_optional_int(
         self, name: str, *, minimum: int | None = None, maximum: int | None = None
     ) -> int | None:
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is None:
             return None
         if not is_int(value):
@@ -97,7 +107,7 @@ class Fields:
         maximum: float | None = None,
         exclusive_minimum: bool = False,
     ) -> float:
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is None:
             return default
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -111,7 +121,7 @@ class Fields:
         return number
 
     def read_bool(self, name: str, default: bool) -> bool:
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is None:
             return default
         if not isinstance(value, bool):
@@ -119,14 +129,14 @@ class Fields:
         return bool(value)
 
     def read_optional_str(self, name: str) -> str | None:
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is not None and not isinstance(value, str):
             self.fail(name, f"expected a string, got {_json_type(value)}")
         return value
 
     def read_object(self, name: str) -> Fields:
         """A nested object's fields (empty when absent)."""
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is None:
             return Fields({}, f"{self.param(name)}.")
         if not isinstance(value, dict):
@@ -134,7 +144,7 @@ class Fields:
         return Fields(value, f"{self.param(name)}.")
 
     def read_list(self, name: str) -> list[Any] | None:
-        value = self.body.get(name)
+        value = self.raw(name)
         if value is not None and not isinstance(value, list):
             self.fail(name, f"expected an array, got {_json_type(value)}")
         return value

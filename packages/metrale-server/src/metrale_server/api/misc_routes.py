@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.errors import ApiError, bad_request, closing_if_body
 from metrale_server.api.fields import Fields, is_int, parse_json_object
-from metrale_server.api.protocol import check_model, read_messages, render_messages
+from metrale_server.api.protocol import check_model, render_chat_prompt
 from metrale_server.api.state import ServerState
 
 NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
@@ -72,11 +72,7 @@ async def tokenize(request: Request, *, state: ServerState) -> Response:
     check_model(fields, state.served_model_name)
     loaded = state.engine.loaded
     if fields.has("messages"):
-        text = render_messages(
-            state.engine,
-            read_messages(fields),
-            add_generation_prompt=fields.read_bool("add_generation_prompt", True),
-        )
+        text = render_chat_prompt(state.engine, fields)
         add_special_tokens = fields.read_bool("add_special_tokens", False)
     else:
         prompt = fields.read_optional_str("prompt")

@@ -11,15 +11,19 @@ from typing import Any
 import attrs
 
 from metrale_model_arch import ChatTemplateError
+from metrale_server.api.chat_messages import read_messages
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
 from metrale_server.api.sampling import parse_sampling, read_logprobs_count
+from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
+from metrale_server.api.tool_fields import ToolRequest, read_tool_request
 from metrale_server.engine.engine import Engine
 from metrale_server.sampling.params import SamplingParams
 
 MAX_PROMPTS = 64
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-CHAT_ROLES = ("system", "user", "assistant")
+# Variables the chat template gets from the request's own fields.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +51,7 @@ class CompletionRequest:
     stream: StreamOptions
     is_echo: bool
     num_logprobs: int | None
+    structured: StructuredRequest | None
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +61,8 @@ class ChatRequest:
     prompt: Prompt
     stream: StreamOptions
     num_top_logprobs: int | None
+    structured: StructuredRequest | None
+    tools: ToolRequest
 
 
 def check_model(fields: Fields, served_model_name: str) -> None:
@@ -84,6 +91,7 @@ def parse_completion_request(
             "echo", "echo with logprobs is not supported (prompt logprobs are not computed)"
         )
     stream = _stream_options(fields)
+    structured = read_structured_outputs(fields)
     sampling = parse_sampling(
         fields,
         engine,
@@ -95,24 +103,31 @@ def parse_completion_request(
         Prompt(
             text=text,
             token_ids=token_ids,
-            params=sampling.fit(len(token_ids), engine, prompt_param="prompt"),
+            params=_constrained(
+                sampling.fit(len(token_ids), engine, prompt_param="prompt"), structured
+            ),
         )
         for text, token_ids in _read_prompts(fields, engine)
     )
+    fields.read_optional_str("user")
+    fields.refuse_unread()
     return CompletionRequest(
         prompts=prompts,
         n=sampling.params.n,
         stream=stream,
         is_echo=is_echo,
         num_logprobs=num_logprobs,
+        structured=structured,
     )
 
 
-def parse_chat_request(body: dict[str, Any], engine: Engine, served_model_name: str) -> ChatRequest:
+def parse_chat_request(
+    body: dict[str, Any], engine: Engine, served_model_name: str, *, has_tool_parser: bool = False
+) -> ChatRequest:
     fields = Fields(body)
     check_model(fields, served_model_name)
-    _refuse_tools(fields)
-    messages = read_messages(fields)
+    tools = read_tool_request(fields, has_parser=has_tool_parser)
+    structured = _one_constraint(fields, read_structured_outputs(fields), tools)
     wants_logprobs = fields.read_bool("logprobs", False)
     num_top_logprobs = read_logprobs_count(fields, "top_logprobs")
     if num_top_logprobs and not wants_logprobs:
@@ -129,73 +144,70 @@ def parse_chat_request(body: dict[str, Any], engine: Engine, served_model_name: 
         default_max_tokens=None,
         logprobs=num_top_logprobs,
     )
-    text = render_messages(
-        engine, messages, add_generation_prompt=fields.read_bool("add_generation_prompt", True)
-    )
+    text = render_chat_prompt(engine, fields, tools=tools.template_tools)
+    fields.read_optional_str("user")
+    fields.refuse_unread()
     token_ids = tuple(engine.loaded.tokenizer.encode(text, add_special_tokens=False))
     if not token_ids:
         fields.fail("messages", "the rendered conversation is empty")
     prompt = Prompt(
         text=text,
         token_ids=token_ids,
-        params=sampling.fit(len(token_ids), engine, prompt_param="messages"),
+        params=_constrained(
+            sampling.fit(len(token_ids), engine, prompt_param="messages"), structured
+        ),
     )
-    return ChatRequest(prompt=prompt, stream=stream, num_top_logprobs=num_top_logprobs)
+    return ChatRequest(
+        prompt=prompt,
+        stream=stream,
+        num_top_logprobs=num_top_logprobs,
+        structured=structured,
+        tools=tools,
+    )
 
 
-def render_messages(
-    engine: Engine, messages: list[dict[str, Any]], *, add_generation_prompt: bool
+def _one_constraint(
+    fields: Fields, structured: StructuredRequest | None, tools: ToolRequest
+) -> StructuredRequest | None:
+    """The request's grammar: its structured-output fields', or the one its tool choice
+    needs; both at once is a 400."""
+    tool_grammar = tools.grammar()
+    if tool_grammar is None:
+        return structured
+    if structured is not None:
+        fields.fail(
+            structured.param.split(".")[0],
+            f"cannot be combined with tool_choice {tools.choice!r}, which constrains the output",
+        )
+    return StructuredRequest(params=tool_grammar, param="tools")
+
+
+def _constrained(params: SamplingParams, structured: StructuredRequest | None) -> SamplingParams:
+    if structured is None:
+        return params
+    return attrs.evolve(params, structured_outputs=structured.params)
+
+
+def render_chat_prompt(
+    engine: Engine, fields: Fields, *, tools: list[dict[str, Any]] | None = None
 ) -> str:
-    """The prompt text of ``messages`` under the model's chat template."""
+    """The prompt text of the request's ``messages`` under the model's chat template, with
+    ``add_generation_prompt`` and ``chat_template_kwargs`` read from ``fields``."""
+    messages = read_messages(fields)
+    add_generation_prompt = fields.read_bool("add_generation_prompt", True)
+    kwargs = fields.read_object("chat_template_kwargs")
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(kwargs.body))
+    if reserved:
+        kwargs.fail(reserved[0], "is set by the request itself, not through chat_template_kwargs")
     try:
-        return engine.loaded.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        return engine.loaded.render_chat(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            template_kwargs=dict(kwargs.body),
+        )
     except ChatTemplateError as error:
         raise bad_request(str(error), param="messages") from error
-
-
-def read_messages(fields: Fields) -> list[dict[str, Any]]:
-    """``messages`` as the chat template takes them: role, content (text or text parts), name."""
-    value = fields.read_list("messages")
-    if value is None:
-        fields.fail("messages", "is required")
-    if not value:
-        fields.fail("messages", "must not be empty")
-    messages = []
-    for index, message in enumerate(value):
-        param = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{param}: expected an object, got {describe(message)}", param=param)
-        item = Fields(message, f"{param}.")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            item.fail("role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        content = message.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        parsed: dict[str, Any] = {"role": role, "content": _read_content(item, content)}
-        name = item.read_optional_str("name")
-        if name is not None:
-            parsed["name"] = name
-        messages.append(parsed)
-    return messages
-
-
-def _read_content(item: Fields, content: object) -> str | list[dict[str, str]]:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        item.fail("content", f"expected a string or an array of parts, got {describe(content)}")
-    parts = []
-    for index, part in enumerate(content):
-        param = f"content[{index}]"
-        if not isinstance(part, dict):
-            item.fail(param, f"expected an object, got {describe(part)}")
-        if part.get("type") != "text":
-            item.fail(f"{param}.type", f"only text parts are supported, got {part.get('type')!r}")
-        if not isinstance(part.get("text"), str):
-            item.fail(f"{param}.text", "expected a string")
-        parts.append({"type": "text", "text": part["text"]})
-    return parts
 
 
 def _read_prompts(fields: Fields, engine: Engine) -> list[tuple[str | None, tuple[int, ...]]]:
@@ -234,18 +246,6 @@ def _stream_options(fields: Fields) -> StreamOptions:
     options = fields.read_object("stream_options")
     if options.body and not is_streamed:
         fields.fail("stream_options", "is only allowed when stream is true")
-    return StreamOptions(
-        is_streamed=is_streamed, include_usage=options.read_bool("include_usage", False)
-    )
-
-
-def _refuse_tools(fields: Fields) -> None:
-    if fields.raw("tools") or fields.raw("functions"):
-        fields.fail(
-            "tools" if fields.raw("tools") else "functions", "tool calling is not supported"
-        )
-    if fields.raw("tool_choice") not in (None, "none", "auto"):
-        fields.fail("tool_choice", "tool calling is not supported")
-    response_format = fields.read_object("response_format")
-    if response_format.read_optional_str("type") not in (None, "text"):
-        response_format.fail("type", "only the text response format is supported")
+    include_usage = options.read_bool("include_usage", False)
+    options.refuse_unread()
+    return StreamOptions(is_streamed=is_streamed, include_usage=include_usage)

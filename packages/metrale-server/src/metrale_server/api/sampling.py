@@ -70,7 +70,9 @@ def parse_sampling(
     read (its field differs per endpoint).
     """
     vocab_size = engine.loaded.config.vocab_size
-    max_tokens_param = next((n for n in max_tokens_names if fields.has(n)), max_tokens_names[0])
+    # Every spelling is looked at (so none is refused as unread); the preferred one wins.
+    given = [name for name in max_tokens_names if fields.has(name)]
+    max_tokens_param = given[0] if given else max_tokens_names[0]
     max_tokens = fields.read_optional_int(max_tokens_param, minimum=1, maximum=engine.max_seq_len)
     max_n = min(MAX_N, engine.max_batch_size)
     best_of = fields.read_optional_int("best_of", minimum=1)

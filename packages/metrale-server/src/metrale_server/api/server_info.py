@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.state import ServerState
 from metrale_server.engine.layer_compiler import LayerCompiler
+from metrale_server.structured import GRAMMAR_BACKEND
 
 
 async def server_info(request: Request, *, state: ServerState) -> Response:
@@ -30,5 +31,8 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
             "started_at": state.started_at,
             "uptime_s": time.time() - state.started_at,
             "num_active_requests": state.num_active_requests,
+            "structured_outputs": GRAMMAR_BACKEND,
+            "tool_call_parser": state.tool_call_parser,
+            "reasoning_parser": state.reasoning_parser,
         }
     )

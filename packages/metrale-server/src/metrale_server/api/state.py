@@ -35,7 +35,8 @@ class ServerState:
     Fields are read per request, so changing ``api_keys``, ``request_timeout_s`` or
     ``max_body_bytes`` takes effect at once. ``is_ready`` turns ``/health`` to 200;
     ``is_draining`` (set on shutdown) answers new generation requests with 503 while the ones
-    in flight (``num_active_requests``) finish.
+    in flight (``num_active_requests``) finish. ``tool_call_parser`` and ``reasoning_parser``
+    name the parsers chat outputs go through (``--tool-call-parser``, ``--reasoning-parser``).
     """
 
     async_engine: AsyncEngine
@@ -44,6 +45,8 @@ class ServerState:
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
     request_timeout_s: float | None = attrs.field(default=None, converter=_timeout_s)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     metrics: ServerMetrics = attrs.field(
         default=attrs.Factory(
             lambda self: ServerMetrics(self.engine, self.served_model_name), takes_self=True

@@ -14,6 +14,7 @@ from metrale_config import read_int_lever
 from metrale_server.args import EngineArgs
 from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
 from metrale_server.cli.plan_options import PlanOptions, plan_options
+from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 
 _ENGINE_DEFAULTS = EngineArgs()
 _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
@@ -103,6 +104,25 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     help="A Jinja2 chat template FILE to use instead of the model's own.",
 )
 @click.option(
+    "--tool-call-parser",
+    type=click.Choice(TOOL_CALL_PARSER_NAMES),
+    default=None,
+    help="Read tool calls out of chat outputs in this model family's format (vLLM's names) "
+    "when tool_choice is auto, the default with tools. Without it such requests get a 400; "
+    "'required' and named functions are enforced by a grammar either way.",
+)
+@click.option(
+    "--enable-auto-tool-choice",
+    is_flag=True,
+    help="Accepted as vLLM's command lines write it; --tool-call-parser alone turns auto on.",
+)
+@click.option(
+    "--reasoning-parser",
+    type=click.Choice(REASONING_PARSER_NAMES),
+    default=None,
+    help="Split <think>...</think> out of chat outputs into reasoning_content (vLLM's names).",
+)
+@click.option(
     "--no-tui",
     is_flag=True,
     help="Plain log lines on stderr, no dashboard (also METRALE_NO_TUI=1; the dashboard only "
@@ -129,6 +149,9 @@ def serve(
     drain_timeout: float,
     seed: int,
     chat_template: Path | None,
+    tool_call_parser: str | None,
+    enable_auto_tool_choice: bool,
+    reasoning_parser: str | None,
     no_tui: bool,
     log_level: str,
 ) -> None:
@@ -154,6 +177,11 @@ def serve(
             keys += read_api_key_file(api_key_file)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--api-key-file'") from error
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise click.BadParameter(
+            "needs --tool-call-parser to say how the model writes its calls",
+            param_hint="'--enable-auto-tool-choice'",
+        )
     template = None
     if chat_template is not None:
         try:
@@ -186,6 +214,8 @@ def serve(
         request_timeout_s=request_timeout or None,
         drain_timeout_s=drain_timeout,
         chat_template=template,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
         max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
         log_level=log_level.lower(),
     )

@@ -28,6 +28,8 @@ class ServeArgs:
     request_timeout_s: float | None = 300.0
     drain_timeout_s: float = 30.0
     chat_template: ChatTemplate | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     max_body_bytes: int = 32 * 2**20
     log_level: str = "info"
 

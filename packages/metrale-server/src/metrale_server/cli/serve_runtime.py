@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, cast
 
 import attrs
@@ -34,6 +35,7 @@ from metrale_server.engine.engine import Engine
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
+from metrale_server.structured import GRAMMAR_BACKEND
 from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
 if TYPE_CHECKING:
@@ -214,6 +216,13 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         engine.args.max_batch_tokens,
     )
     logger.info("max seq len: %d", engine.max_seq_len)
+    logger.info(
+        "structured outputs: %s; tool calls: %s; reasoning: %s",
+        GRAMMAR_BACKEND,
+        "required/named by grammar"
+        + (f", auto read as {args.tool_call_parser}" if args.tool_call_parser else ""),
+        args.reasoning_parser or "not split (no --reasoning-parser)",
+    )
 
 
 async def _serve(
@@ -268,6 +277,8 @@ async def _serve(
             api_keys=args.api_keys,
             request_timeout_s=args.request_timeout_s,
             max_body_bytes=args.max_body_bytes,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
             metrics=LoggingServerMetrics(engine, args.served_model_name),
             is_draining=stop.is_set(),
         )
@@ -276,6 +287,11 @@ async def _serve(
         if not stop.is_set():
             state.is_ready = True
             logger.info("ready")
+        # The grammar engine's tables of the vocabulary (~0.3 s), before the first request
+        # that needs them; no torch runs on this thread.
+        threading.Thread(
+            target=lambda: engine.core.grammar_compiler, name="metrale-grammar-tables", daemon=True
+        ).start()
         return async_engine
 
     async def end_the_drain() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
 import time
 from collections.abc import Sequence as SequenceOf
 
@@ -26,6 +28,9 @@ from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import make_seeded_generator
+from metrale_server.structured import GrammarCompiler, GrammarError
+
+logger = logging.getLogger(__name__)
 
 
 class RequestError(ValueError):
@@ -111,6 +116,8 @@ class EngineCore:
             loaded.model, enforce_eager=args.enforce_eager
         )
         self.eos_token_ids = loaded.eos_token_ids
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_compiler_lock = threading.Lock()
         self._groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self._stats = EngineStats()
@@ -135,6 +142,16 @@ class EngineCore:
             prefix_cache_hits=self.block_manager.stats.num_hit_tokens,
         )
 
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Built on first use (the tokenizer's grammar tables cost time at start); any thread."""
+        with self._grammar_compiler_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(
+                    self.loaded.tokenizer, self.loaded.config.vocab_size
+                )
+            return self._grammar_compiler
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -155,6 +172,11 @@ class EngineCore:
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
         params = self.check_request(prompt_ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
+        grammar = (
+            None
+            if params.structured_outputs is None
+            else self.grammar_compiler.compile(params.structured_outputs)
+        )
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
@@ -168,6 +190,7 @@ class EngineCore:
                     if params.seed is None
                     else make_seeded_generator(params.seed + index, self.loaded.device)
                 ),
+                grammar=None if grammar is None else grammar.matcher(),
             )
             for index in range(params.n)
         ]
@@ -176,7 +199,10 @@ class EngineCore:
         self.scheduler.add(group)
 
     def check_request(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
-        """Refuse what can never run; fill ``max_tokens`` when the caller left it open."""
+        """Refuse what can never run; fill ``max_tokens`` when the caller left it open.
+
+        A grammar is compiled here (and cached), so one that cannot be built is refused.
+        """
         if not prompt:
             raise RequestError("the prompt is empty")
         vocab_size = self.loaded.config.vocab_size
@@ -204,6 +230,11 @@ class EngineCore:
                 f"the request needs up to {params.n * blocks_per_seq} KV blocks but the pool has "
                 f"{self.num_kv_blocks}: it could never fit"
             )
+        if params.structured_outputs is not None:
+            try:
+                self.grammar_compiler.compile(params.structured_outputs)
+            except GrammarError as error:
+                raise RequestError(f"structured_outputs: {error}") from error
         return params
 
     def abort(
@@ -263,7 +294,9 @@ class EngineCore:
         seq.append_token(token_id)
         finish_reason: str | None = None
         stop_token_id: int | None = None
-        if token_id in params.stop_token_ids:
+        if seq.grammar is not None and not self._advance_grammar(seq, token_id):
+            finish_reason = "stop"
+        elif token_id in params.stop_token_ids:
             finish_reason, stop_token_id = "stop", token_id
         elif not params.ignore_eos and token_id in self.eos_token_ids:
             finish_reason = "stop"
@@ -280,6 +313,21 @@ class EngineCore:
             finish_reason=finish_reason,
             stop_token_id=stop_token_id,
         )
+
+    def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
+        """Feed the sampled token to the sequence's grammar; ``False`` when the output must end
+        here: the grammar is complete (it accepted EOS, even under ``ignore_eos``), or refused
+        a token its own mask allowed (a grammar-library fault: logged, the output stops)."""
+        assert seq.grammar is not None
+        if not seq.grammar.accept_token(token_id):
+            logger.warning(
+                "request %s: the grammar refused token %d that its mask allowed; the output "
+                "stops here",
+                seq.request_id,
+                token_id,
+            )
+            return False
+        return not seq.grammar.is_terminated
 
     def _count(self, step: SchedulerStep, num_sampled: int) -> None:
         prompt_tokens = partial = forked = 0

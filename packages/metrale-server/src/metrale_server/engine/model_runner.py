@@ -216,4 +216,5 @@ class ModelRunner:
             penalty=seq.penalty,
             generator=seq.generator,
             eos_token_ids=self.eos_token_ids,
+            grammar=seq.grammar,
         )

@@ -9,6 +9,7 @@ import torch
 
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.penalty_state import PenaltyState
+from metrale_server.structured import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -28,6 +29,7 @@ class Sequence:
     sequence also holds a state slot (``slot``; ``slot_ticket`` is new at every assignment, so
     whoever keeps per-slot state knows when to reset it). ``generator`` is the seeded
     request's own; ``penalty`` is built on first use and then updated one token at a time.
+    ``grammar`` (structured outputs) has accepted every output token so far.
     """
 
     seq_id: int
@@ -46,6 +48,7 @@ class Sequence:
     slot: int | None = None
     slot_ticket: int = 0
     penalty: PenaltyState | None = None
+    grammar: GrammarMatcher | None = None
 
     def __attrs_post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

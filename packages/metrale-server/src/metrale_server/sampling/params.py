@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from metrale_server.structured.params import StructuredOutputsParams
+
 MAX_LOGPROBS = 20
 
 
@@ -30,6 +32,8 @@ class SamplingParams:
     filters. ``seed`` gives the same text whether the request runs alone or in any batch.
     ``logprobs`` asks for the chosen token's log-probability plus that many alternatives
     (0..20). ``stop`` strings end generation and are not part of the text.
+    ``structured_outputs`` constrains every output to a grammar (JSON schema, regex, choice,
+    grammar); such an output ends when its grammar is complete and the model picks EOS.
     """
 
     n: int = 1
@@ -50,6 +54,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __attrs_post_init__(self) -> None:
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")

@@ -3,7 +3,8 @@
 Per row, in vLLM's order: logit_bias is added; while ``min_tokens`` is not reached, EOS and
 ``stop_token_ids`` become ``-inf``; the repetition penalty (prompt and output tokens: positive
 logits divided, negative multiplied) and the frequency/presence penalties (output tokens only,
-OpenAI's ``count * frequency + (count > 0) * presence`` subtracted) apply. Those are the
+OpenAI's ``count * frequency + (count > 0) * presence`` subtracted) apply; a grammar row's
+tokens outside its grammar become ``-inf``. Those are the
 *processed logits*: greedy rows take their argmax (ties → lowest id) and logprobs are their
 log-softmax. NOTE: that differs from vLLM's default ("raw" logprobs, before any processing) so
 that a forced or suppressed token's logprob matches what the model was allowed to do, and from
@@ -38,6 +39,7 @@ from metrale_server.sampling.tensors import (
     SparseLogitUpdate,
     TopPTensors,
 )
+from metrale_server.structured import apply_bitmask_
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -239,6 +241,8 @@ def sample(
         _apply_sparse(logits, batch.suppressed_tokens, accumulate=False)
     if batch.penalties is not None:
         _apply_penalties(logits, batch.penalties)
+    if batch.grammar is not None:
+        apply_bitmask_(logits, batch.grammar.bitmask, batch.grammar.row_indices)
 
     # Greedy ids and logprobs read the processed logits before sampling may overwrite them.
     random = batch.random

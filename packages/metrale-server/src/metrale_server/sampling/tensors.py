@@ -10,6 +10,7 @@ import torch
 
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.penalty_state import PenaltyState
+from metrale_server.structured import GrammarMatcher, allocate_bitmask, fill_bitmasks
 
 
 def make_seeded_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -28,6 +29,8 @@ class SamplingRow:
     end-of-sequence ids: while fewer than ``params.min_tokens`` tokens were generated, they
     (unless ``params.ignore_eos``) and ``params.stop_token_ids`` cannot be sampled.
     ``penalty`` is the sequence's penalty state, required when ``params`` has a penalty.
+    ``grammar`` (structured outputs) masks every token it does not allow; it alone decides
+    when EOS may come, so ``min_tokens`` does not suppress EOS in such a row.
     """
 
     params: SamplingParams
@@ -35,6 +38,7 @@ class SamplingRow:
     penalty: PenaltyState | None = None
     generator: torch.Generator | None = None
     eos_token_ids: tuple[int, ...] = ()
+    grammar: GrammarMatcher | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
@@ -46,7 +50,8 @@ class SamplingRow:
     def suppressed_token_ids(self) -> tuple[int, ...]:
         if self.num_output_tokens >= self.params.min_tokens:
             return ()
-        eos_token_ids = () if self.params.ignore_eos else self.eos_token_ids
+        is_eos_free = self.params.ignore_eos or self.grammar is not None
+        eos_token_ids = () if is_eos_free else self.eos_token_ids
         return (*eos_token_ids, *self.params.stop_token_ids)
 
     def __repr__(self) -> str:
@@ -63,6 +68,14 @@ class SparseLogitUpdate:
     row_indices: torch.Tensor  # (entries,) int64
     token_ids: torch.Tensor  # (entries,) int64
     values: torch.Tensor  # (entries,) float32, or a 0-d tensor applied to every entry
+
+
+@attrs.frozen(kw_only=True, eq=False, repr=False)
+class GrammarMaskTensors:
+    """Row ``k`` of ``bitmask`` says which tokens row ``row_indices[k]`` may take (bit set)."""
+
+    row_indices: torch.Tensor  # (grammar_rows,) int64
+    bitmask: torch.Tensor  # (grammar_rows, ceil(vocab / 32)) int32
 
 
 @attrs.frozen(kw_only=True, eq=False, repr=False)
@@ -130,6 +143,7 @@ class SamplingBatch:
     logit_bias: SparseLogitUpdate | None
     suppressed_tokens: SparseLogitUpdate | None
     penalties: PenaltyTensors | None
+    grammar: GrammarMaskTensors | None
     random: RandomSamplingTensors | None
     num_logprobs: tuple[int | None, ...]
     logprob_row_indices: torch.Tensor | None  # (logprob_rows,) int64, rows that asked
@@ -142,6 +156,7 @@ class SamplingBatch:
             self.logit_bias is not None
             or self.suppressed_tokens is not None
             or self.penalties is not None
+            or self.grammar is not None
         )
 
     def __repr__(self) -> str:
@@ -151,6 +166,7 @@ class SamplingBatch:
                 ("logit_bias", self.logit_bias),
                 ("min_tokens", self.suppressed_tokens),
                 ("penalties", self.penalties),
+                ("grammar", self.grammar),
                 ("random", self.random),
                 ("logprobs", self.logprob_row_indices),
             )
@@ -268,6 +284,22 @@ def _prepare_penalties(rows: Sequence[SamplingRow], device: torch.device) -> Pen
     )
 
 
+def _prepare_grammar(
+    rows: Sequence[SamplingRow], vocab_size: int, device: torch.device
+) -> GrammarMaskTensors | None:
+    constrained = [
+        (index, row.grammar) for index, row in enumerate(rows) if row.grammar is not None
+    ]
+    if not constrained:
+        return None
+    bitmask = allocate_bitmask(len(constrained), vocab_size)
+    fill_bitmasks([grammar for _, grammar in constrained], bitmask)
+    return GrammarMaskTensors(
+        row_indices=torch.tensor([index for index, _ in constrained], dtype=torch.int64).to(device),
+        bitmask=bitmask.to(device),
+    )
+
+
 def _effective_top_k(params: SamplingParams, vocab_size: int) -> int:
     return min(params.top_k, vocab_size) if params.top_k > 0 else vocab_size
 
@@ -324,7 +356,8 @@ def prepare_sampling_batch(
 ) -> SamplingBatch:
     """Build one step's sampling tensors; Python work is O(rows + their tokens + biases).
 
-    Penalties come from each row's ``PenaltyState`` (O(vocab) a penalized row); min_tokens
+    Penalties come from each row's ``PenaltyState`` (O(vocab) a penalized row), grammar masks
+    from each constrained row's matcher (O(vocab / 32) words a row); min_tokens
     stop ids are read only for rows still under ``min_tokens``. ``logit_bias`` ids outside
     ``0..vocab_size-1`` raise ``ValueError``.
     """
@@ -339,6 +372,7 @@ def prepare_sampling_batch(
         logit_bias=_prepare_logit_bias(rows, vocab_size, device),
         suppressed_tokens=_prepare_suppressed_tokens(rows, vocab_size, device),
         penalties=_prepare_penalties(rows, device),
+        grammar=_prepare_grammar(rows, vocab_size, device),
         random=_prepare_random(rows, vocab_size, device),
         num_logprobs=num_logprobs,
         logprob_row_indices=(

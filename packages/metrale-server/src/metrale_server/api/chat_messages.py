@@ -1,0 +1,117 @@
+"""``messages`` → what the chat template takes: roles, text, tool calls and tool results.
+
+Roles: ``system``, ``developer`` (rendered as ``system``: chat templates of open models know no
+developer role), ``user``, ``assistant`` (``content`` may be absent when it has
+``tool_calls``; ``reasoning_content`` is passed on) and ``tool`` (with ``tool_call_id``). An
+assistant call's ``arguments`` arrive as JSON text and reach the template as the object they
+encode, as templates such as Qwen's and Llama 3's expect (text that is not a JSON object is
+passed as it is).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from metrale_server.api.errors import bad_request
+from metrale_server.api.fields import Fields, describe
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def read_messages(fields: Fields) -> list[dict[str, Any]]:
+    value = fields.read_list("messages")
+    if value is None:
+        fields.fail("messages", "is required")
+    if not value:
+        fields.fail("messages", "must not be empty")
+    messages = []
+    for index, message in enumerate(value):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{param}: expected an object, got {describe(message)}", param=param)
+        messages.append(_read_message(Fields(message, f"{param}.")))
+    return messages
+
+
+def _read_message(item: Fields) -> dict[str, Any]:
+    role = item.raw("role")
+    if role not in CHAT_ROLES:
+        item.fail("role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+    content = item.raw("content")
+    tool_calls = _read_tool_calls(item) if role == "assistant" else None
+    if content is None and role == "assistant":
+        content = ""
+    parsed: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _read_content(item, content),
+    }
+    name = item.read_optional_str("name")
+    if name is not None:
+        parsed["name"] = name
+    if tool_calls:
+        parsed["tool_calls"] = tool_calls
+    if role == "assistant":
+        reasoning = item.read_optional_str("reasoning_content")
+        if reasoning is not None:
+            parsed["reasoning_content"] = reasoning
+    if role == "tool":
+        tool_call_id = item.read_optional_str("tool_call_id")
+        if tool_call_id is None:
+            item.fail("tool_call_id", "is required in a tool message")
+        parsed["tool_call_id"] = tool_call_id
+    item.refuse_unread()
+    return parsed
+
+
+def _read_tool_calls(item: Fields) -> list[dict[str, Any]]:
+    calls = []
+    for index, value in enumerate(item.read_list("tool_calls") or []):
+        param = f"tool_calls[{index}]"
+        if not isinstance(value, dict):
+            item.fail(param, f"expected an object, got {describe(value)}")
+        call = Fields(value, item.param(f"{param}."))
+        call_id = call.read_optional_str("id")
+        if call.read_optional_str("type") not in (None, "function"):
+            call.fail("type", 'must be "function"')
+        function = call.read_object("function")
+        call.refuse_unread()
+        name = function.read_optional_str("name")
+        arguments = function.read_optional_str("arguments")
+        function.refuse_unread()
+        if name is None:
+            function.fail("name", "is required")
+        entry: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": name, "arguments": _template_arguments(arguments or "{}")},
+        }
+        if call_id is not None:
+            entry["id"] = call_id
+        calls.append(entry)
+    return calls
+
+
+def _template_arguments(arguments: str) -> Any:
+    try:
+        decoded = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return decoded if isinstance(decoded, dict) else arguments
+
+
+def _read_content(item: Fields, content: object) -> str | list[dict[str, str]]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        item.fail("content", f"expected a string or an array of parts, got {describe(content)}")
+    parts = []
+    for index, part in enumerate(content):
+        param = f"content[{index}]"
+        if not isinstance(part, dict):
+            item.fail(param, f"expected an object, got {describe(part)}")
+        if part.get("type") != "text":
+            item.fail(f"{param}.type", f"only text parts are supported, got {part.get('type')!r}")
+        if not isinstance(part.get("text"), str):
+            item.fail(f"{param}.text", "expected a string")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
