@@ -111,6 +111,10 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--served-model-name", ""], "--served-model-name"),
         (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
         (["--api-key-file", "/no/such/keys.txt"], "--api-key-file"),
+        (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
+        (["--tool-call-parser", "openai_required"], "--tool-call-parser"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
+        (["--reasoning-parser", "gpt_oss"], "--reasoning-parser"),
     ],
 )
 def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str) -> None:
