@@ -181,3 +181,16 @@ def test_a_refused_grammar_changes_nothing(server: RunningServer) -> None:
     refusal(server, guided_regex="(unclosed")
     server.wait_idle()
     assert re.fullmatch(r"[0-9]{3}", chat_text(server, guided_regex=r"[0-9]{3}"))
+
+
+def test_tokenize_renders_tools_and_refuses_unknown_fields(server: RunningServer) -> None:
+    tools = [{"type": "function", "function": {"name": "get_time"}}]
+    plain = server.client.post("/tokenize", json={"messages": MESSAGES})
+    assert plain.status_code == 200, plain.text
+    with_tools = server.client.post("/tokenize", json={"messages": MESSAGES, "tools": tools})
+    assert with_tools.status_code == 200, with_tools.text
+    response = server.client.post("/tokenize", json={"prompt": "Hi", "add_bos": True})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "add_bos"
+    response = server.client.post("/detokenize", json={"tokens": [1], "skip": 1})
+    assert response.json()["error"]["param"] == "skip"

@@ -42,7 +42,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
         state.served_model_name,
         has_tool_parser=state.tool_call_parser is not None,
     )
-    await compile_structured(state.engine.core.grammar_compiler, parsed.structured)
+    await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(
         id_prefix="chatcmpl",
         object="chat.completion.chunk" if parsed.stream.is_streamed else "chat.completion",

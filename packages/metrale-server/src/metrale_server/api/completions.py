@@ -34,7 +34,7 @@ from metrale_server.output.outputs import RequestOutput
 async def create_completion(request: Request, *, state: ServerState) -> Response:
     body = parse_json_object(await request.body())
     parsed = parse_completion_request(body, state.engine, state.served_model_name)
-    await compile_structured(state.engine.core.grammar_compiler, parsed.structured)
+    await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(
         id_prefix="cmpl", object="text_completion", model=state.served_model_name
     )

@@ -13,6 +13,7 @@ from metrale_server.api.errors import ApiError, bad_request, closing_if_body
 from metrale_server.api.fields import Fields, is_int, parse_json_object
 from metrale_server.api.protocol import check_model, render_chat_prompt
 from metrale_server.api.state import ServerState
+from metrale_server.api.tool_fields import read_tool_request
 
 NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
 
@@ -72,7 +73,9 @@ async def tokenize(request: Request, *, state: ServerState) -> Response:
     check_model(fields, state.served_model_name)
     loaded = state.engine.loaded
     if fields.has("messages"):
-        text = render_chat_prompt(state.engine, fields)
+        # The tools only shape the prompt here: how calls would be read does not matter.
+        tools = read_tool_request(fields, has_parser=True)
+        text = render_chat_prompt(state.engine, fields, tools=tools.template_tools)
         add_special_tokens = fields.read_bool("add_special_tokens", False)
     else:
         prompt = fields.read_optional_str("prompt")
@@ -82,7 +85,9 @@ async def tokenize(request: Request, *, state: ServerState) -> Response:
         add_special_tokens = fields.read_bool("add_special_tokens", True)
     tokens = loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
     token_strs = None
-    if fields.read_bool("return_token_strs", False):
+    is_returning_strs = fields.read_bool("return_token_strs", False)
+    fields.refuse_unread()
+    if is_returning_strs:
         token_strs = [loaded.tokenizer.id_to_token(token) for token in tokens]
     return JSONResponse(
         {
@@ -104,6 +109,7 @@ async def detokenize(request: Request, *, state: ServerState) -> Response:
         fields.fail("tokens", "is required")
     if not all(is_int(t) and 0 <= t < vocab_size for t in tokens):
         fields.fail("tokens", f"expected token ids in 0..{vocab_size - 1}")
+    fields.refuse_unread()
     return JSONResponse({"prompt": state.engine.loaded.tokenizer.decode(tokens)})
 
 

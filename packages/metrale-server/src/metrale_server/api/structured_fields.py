@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -50,13 +51,16 @@ def read_structured_outputs(fields: Fields) -> StructuredRequest | None:
     return found[0] if found else None
 
 
-async def compile_structured(compiler: GrammarCompiler, request: StructuredRequest | None) -> None:
-    """Compile (and cache) the request's grammar off the event loop; a grammar the engine
-    cannot build is a 400 naming the field it came from."""
+async def compile_structured(
+    compiler: Callable[[], GrammarCompiler], request: StructuredRequest | None
+) -> None:
+    """Compile (and cache) the request's grammar off the event loop, the compiler included
+    (``compiler()`` builds it on first use); a grammar the engine cannot build is a 400 naming
+    the field it came from."""
     if request is None:
         return
     try:
-        await asyncio.to_thread(compiler.compile, request.params)
+        await asyncio.to_thread(lambda: compiler().compile(request.params))
     except GrammarError as error:
         raise bad_request(f"{request.param}: {error}", param=request.param) from error
 
