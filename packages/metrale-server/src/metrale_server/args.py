@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import read_bool_lever
+from metrale_server.speculative_config import SpeculativeConfig
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -26,9 +27,9 @@ class EngineArgs:
     KV blocks and ``max_batch_size`` (256, as vLLM's ``max_num_seqs``). Unless
     ``enforce_eager`` (default: the ``METRALE_ENFORCE_EAGER`` lever), a dense llama-family
     model on the CPU runs its layer steps compiled once a background compile finishes.
-    ``quantization``
-    ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2, VNNI, AMX, arm64)
-    serving a float32 model whose type has an int8 path, ``none`` otherwise.
+    ``speculative_config`` turns on n-gram speculative decoding (off by default).
+    ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
+    VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
     """
 
     model: str | None = None
@@ -45,6 +46,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enforce_eager: bool = attrs.field(factory=lambda: read_bool_lever("METRALE_ENFORCE_EAGER"))
     seed: int = 0
+    speculative_config: SpeculativeConfig | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.quantization not in QUANTIZATION_CHOICES:

@@ -115,6 +115,8 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--tool-call-parser", "openai_required"], "--tool-call-parser"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
         (["--reasoning-parser", "gpt_oss"], "--reasoning-parser"),
+        (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
+        (["--speculative-config", "ngram"], "--speculative-config"),
     ],
 )
 def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str) -> None:

@@ -93,6 +93,16 @@ class _EngineCollector(Collector):
             stats.prefix_cache_hits,
         )
         yield self._counter(
+            "metrale_spec_decode_num_draft_tokens",
+            "Speculative tokens proposed (n-gram drafts).",
+            stats.num_draft_tokens,
+        )
+        yield self._counter(
+            "metrale_spec_decode_num_accepted_tokens",
+            "Speculative tokens the target model kept.",
+            stats.num_accepted_tokens,
+        )
+        yield self._counter(
             "metrale_num_preemptions",
             "Sequences preempted for lack of KV blocks.",
             stats.num_preemptions,

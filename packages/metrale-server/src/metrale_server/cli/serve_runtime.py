@@ -216,6 +216,15 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         engine.args.max_batch_tokens,
     )
     logger.info("max seq len: %d", engine.max_seq_len)
+    speculative = engine.args.speculative_config
+    if speculative is not None:
+        logger.info(
+            "speculative decoding: %s, up to %d draft tokens (lookup n = %d..%d)",
+            speculative.method,
+            speculative.num_speculative_tokens,
+            speculative.prompt_lookup_min,
+            speculative.prompt_lookup_max,
+        )
     logger.info(
         "structured outputs: %s; tool calls: %s; reasoning: %s",
         GRAMMAR_BACKEND,

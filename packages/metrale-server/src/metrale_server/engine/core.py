@@ -27,7 +27,8 @@ from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.sampling.params import SamplingParams
-from metrale_server.sampling.tensors import make_seeded_generator
+from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
+from metrale_server.speculative import propose_ngram
 from metrale_server.structured import GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class EngineCore:
                 max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
             ),
             self.block_manager,
+            proposer=None if args.speculative_config is None else self._propose,
         )
         self.runner = ModelRunner(
             loaded,
@@ -112,6 +114,11 @@ class EngineCore:
             seed=args.seed,
             indexer_paged=plan.inputs.indexer_paged,
         )
+        if args.speculative_config is not None and self.runner.seq_states.allocations:
+            raise ValueError(
+                "speculative decoding needs a model without per-sequence state "
+                f"({loaded.config.model_type} keeps some)"
+            )
         self.compiler = LayerCompiler.start_if_useful(
             loaded.model, enforce_eager=args.enforce_eager
         )
@@ -270,8 +277,13 @@ class EngineCore:
 
     def _update(self, sampled: list[SampledToken]) -> list[EngineCoreOutput]:
         deltas: dict[str, list[SequenceDelta]] = {}
+        by_seq: dict[int, list[SampledToken]] = {}
         for token in sampled:
-            deltas.setdefault(token.seq.request_id, []).append(self._append(token))
+            by_seq.setdefault(token.seq.seq_id, []).append(token)
+        for tokens in by_seq.values():
+            seq = tokens[0].seq
+            delta = self._append_all(tokens)
+            deltas.setdefault(seq.request_id, []).append(delta)
         cached = {
             request_id: self._groups[request_id].primary.num_cached_tokens for request_id in deltas
         }
@@ -287,6 +299,55 @@ class EngineCore:
             )
             for request_id, request_deltas in deltas.items()
         ]
+
+    def _append_all(self, tokens: list[SampledToken]) -> SequenceDelta:
+        """Append a sequence's tokens of this step (several when it had drafts) up to the first
+        that ends it; one delta for all of them."""
+        seq = tokens[0].seq
+        num_drafts = len(seq.draft_token_ids)
+        appended = [self._append(tokens[0])]
+        for token in tokens[1:]:
+            if appended[-1].finish_reason is not None:
+                break
+            appended.append(self._append(token))
+        if num_drafts:
+            num_kept = len(tokens) - 1  # the drafts verification kept; one more was drawn
+            self.scheduler.accept_drafts(seq, min(len(appended), num_kept))
+            self._stats = attrs.evolve(
+                self._stats,
+                num_draft_tokens=self._stats.num_draft_tokens + num_drafts,
+                num_accepted_tokens=self._stats.num_accepted_tokens + num_kept,
+            )
+        if len(appended) == 1:
+            return appended[0]
+        last = appended[-1]
+        return attrs.evolve(
+            last, new_token_ids=tuple(t for delta in appended for t in delta.new_token_ids)
+        )
+
+    def _propose(self, seq: Sequence, max_tokens: int) -> tuple[int, ...]:
+        """n-gram drafts for a sequence about to decode, when its request can take them:
+        no logprobs, penalties, logit bias or grammar, and min_tokens reached."""
+        config = self.args.speculative_config
+        params = seq.params
+        assert config is not None
+        assert params.max_tokens is not None
+        if (
+            params.logprobs is not None
+            or has_penalty(params)
+            or params.logit_bias
+            or seq.grammar is not None
+            or seq.num_output_tokens < params.min_tokens
+        ):
+            return ()
+        # Room for the drafts and the one token the step adds after them.
+        room = min(params.max_tokens - seq.num_output_tokens, self.max_seq_len - seq.num_tokens)
+        return propose_ngram(
+            seq.token_ids,
+            num_tokens=min(config.num_speculative_tokens, max_tokens, room - 1),
+            min_n=config.prompt_lookup_min,
+            max_n=config.prompt_lookup_max,
+        )
 
     def _append(self, token: SampledToken) -> SequenceDelta:
         seq, token_id = token.seq, token.token_id

@@ -16,6 +16,7 @@ from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.sampling.sampler import sample
 from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sampling_batch
+from metrale_server.speculative import target_probs, verify_greedy, verify_sampled
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -105,7 +106,8 @@ class ModelRunner:
         self, step: SchedulerStep
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Token ids and positions (views of the arena), the attention metadata, and the flat
-        index of each sampling chunk's last token."""
+        index of each sampling chunk's last token (of its last real token and each draft, for a
+        chunk with drafts)."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -118,11 +120,16 @@ class ModelRunner:
             if chunk.num_new_tokens == 1:
                 token_ids.append(seq.token_ids[start])
                 positions.append(start)
+            elif chunk.num_draft_tokens:
+                token_ids += seq.token_ids[start:]
+                token_ids += seq.draft_token_ids
+                positions += range(start, end)
             else:
                 token_ids += seq.token_ids[start:end]
                 positions += range(start, end)
             if chunk.samplers:
-                logits_indices.append(len(token_ids) - 1)
+                first = len(token_ids) - 1 - chunk.num_draft_tokens
+                logits_indices += range(first, len(token_ids))
             rows.append(self.block_tables.sync(seq))
             query_lens.append(chunk.num_new_tokens)
             seq_lens.append(end)
@@ -159,30 +166,48 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, step: SchedulerStep) -> torch.Tensor:
-        """One logits row per chunk that samples (in step order), float32. The rows live in
-        the arena's logits buffer: they are valid until the next call."""
+        """One logits row per chunk that samples (in step order; 1 + its drafts for a chunk
+        with drafts), float32. The rows live in the arena's logits buffer when they fit (drafts
+        can outnumber its rows): valid until the next call."""
         self.copy_blocks(step.block_copies)
         input_ids, positions, metadata, logits_indices = self.prepare_inputs(step)
         hidden: torch.Tensor = self.loaded.model(input_ids, positions, self.kv_caches, metadata)
         if not logits_indices:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)
-        out = self._logits[: len(logits_indices)]
+        out = (
+            self._logits[: len(logits_indices)]
+            if len(logits_indices) <= len(self._logits)
+            else None
+        )
         logits: torch.Tensor = self.loaded.model.compute_logits(hidden[index], out=out)
         return logits.float()
 
     @torch.inference_mode()
     def execute(self, step: SchedulerStep) -> list[SampledToken]:
-        logits = self.forward(step)
+        all_logits = self.forward(step)
         samplers: list[Sequence] = []
         row_logits: list[int] = []
-        for index, chunk in enumerate(c for c in step.chunks if c.samplers):
+        speculated: list[tuple[Sequence, int]] = []  # (sequence, its first logits row)
+        row = 0
+        for chunk in (c for c in step.chunks if c.samplers):
+            if chunk.num_draft_tokens:
+                speculated.append((chunk.seq, row))
+                row += 1 + chunk.num_draft_tokens
+                continue
             samplers += chunk.samplers
-            row_logits += [index] * len(chunk.samplers)
+            row_logits += [row] * len(chunk.samplers)
+            row += 1
+        drafted = [
+            token
+            for seq, first in speculated
+            for token in self._verify(seq, all_logits[first : first + 1 + len(seq.draft_token_ids)])
+        ]
         if not samplers:
-            return []
-        if len(row_logits) != logits.shape[0]:
-            logits = logits[torch.tensor(row_logits, device=logits.device)]
+            return drafted
+        logits = all_logits
+        if row_logits != list(range(all_logits.shape[0])):
+            logits = all_logits[torch.tensor(row_logits, device=all_logits.device)]
         rows = [self._sampling_row(seq) for seq in samplers]
         batch = prepare_sampling_batch(rows, logits.shape[1], logits.device)
         sampled = sample(logits, batch, generator=self._generator)
@@ -203,7 +228,17 @@ class ModelRunner:
             for seq, token_id, logprobs in zip(
                 samplers, sampled.token_ids, sampled.logprobs, strict=True
             )
-        ]
+        ] + drafted
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[SampledToken]:
+        """The tokens a sequence with drafts emits: the drafts kept, then one more."""
+        params = seq.params
+        if params.is_greedy:
+            emitted = verify_greedy(logits, seq.draft_token_ids)
+        else:
+            generator = self._generator if seq.generator is None else seq.generator
+            emitted = verify_sampled(target_probs(logits, params), seq.draft_token_ids, generator)
+        return [SampledToken(seq=seq, token_id=token_id) for token_id in emitted]
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         if seq.penalty is None and has_penalty(seq.params):

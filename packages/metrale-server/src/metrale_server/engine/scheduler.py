@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 
@@ -45,7 +46,12 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         slots: StateSlots | None = None,
+        *,
+        proposer: Callable[[Sequence, int], tuple[int, ...]] | None = None,
     ) -> None:
+        """``proposer(seq, max_tokens)`` (speculative decoding) drafts tokens for a sequence
+        about to decode one token; the step then runs them too."""
+        self.proposer = proposer
         self.config = config
         self.block_manager = block_manager
         self.slots = StateSlots(config.max_batch_size) if slots is None else slots
@@ -91,7 +97,12 @@ class Scheduler:
                 num_new = min(seq.num_uncomputed_tokens, budget)
                 if num_new == 0:
                     break
+                num_new += self._propose(seq, num_new, budget)
                 while not self.block_manager.can_append_slots(seq, num_new):
+                    if seq.draft_token_ids:  # drafts are the first thing to give up
+                        num_new -= len(seq.draft_token_ids)
+                        seq.draft_token_ids = ()
+                        continue
                     victim = self.running[-1]
                     self._preempt(victim)
                     preempted.append(victim.request_id)
@@ -138,7 +149,10 @@ class Scheduler:
     def finish_step(self, step: SchedulerStep) -> None:
         """Record that the step's chunks ran: their K/V is now in the pool."""
         for chunk in step.chunks:
-            chunk.seq.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            # Drafts count once the engine knows which were kept (``accept_drafts``).
+            chunk.seq.num_computed_tokens = (
+                chunk.start + chunk.num_new_tokens - chunk.num_draft_tokens
+            )
             self.block_manager.commit_computed(chunk.seq)
             for sibling in chunk.samplers[1:]:
                 sibling.num_computed_tokens = chunk.seq.num_computed_tokens
@@ -155,9 +169,25 @@ class Scheduler:
                 done.append(group)
         return done
 
+    def accept_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """After a step with drafts: ``num_accepted`` of them are now ``seq``'s tokens, and
+        their K/V (written by that step) counts as computed."""
+        seq.num_computed_tokens += num_accepted
+        seq.draft_token_ids = ()
+        self.block_manager.commit_computed(seq)
+
+    def _propose(self, seq: Sequence, num_new: int, budget: int) -> int:
+        """Draft tokens for a sequence decoding its next token; how many were drafted."""
+        seq.draft_token_ids = ()
+        if self.proposer is None or num_new != 1 or seq.num_uncomputed_tokens != 1:
+            return 0
+        seq.draft_token_ids = self.proposer(seq, budget - 1)
+        return len(seq.draft_token_ids)
+
     def _chunk(self, group: SequenceGroup, seq: Sequence, num_new: int) -> ScheduledChunk:
         start = seq.num_computed_tokens
-        reaches_end = start + num_new == seq.num_tokens
+        num_drafts = len(seq.draft_token_ids)
+        reaches_end = start + num_new - num_drafts == seq.num_tokens
         samplers: tuple[Sequence, ...] = ()
         if reaches_end:
             samplers = (seq,)
@@ -168,7 +198,13 @@ class Scheduler:
                     sibling.status = SequenceStatus.RUNNING
                 group.is_forked = True
                 samplers = tuple(group.seqs)
-        return ScheduledChunk(seq=seq, start=start, num_new_tokens=num_new, samplers=samplers)
+        return ScheduledChunk(
+            seq=seq,
+            start=start,
+            num_new_tokens=num_new,
+            samplers=samplers,
+            num_draft_tokens=num_drafts,
+        )
 
     def _allocate(self, group: SequenceGroup) -> bool:
         """Blocks for every unfinished sequence of ``group``, all or nothing."""
@@ -190,6 +226,7 @@ class Scheduler:
             self._free(seq)
             seq.num_computed_tokens = 0
             seq.num_cached_tokens = 0
+            seq.draft_token_ids = ()
             seq.status = SequenceStatus.WAITING
             seq.num_preemptions += 1
         self.waiting.appendleft(group)

@@ -13,13 +13,16 @@ class ScheduledChunk:
 
     ``samplers`` are the sequences that take a token sampled from the chunk's last position:
     empty for a prefill chunk that does not reach the end, ``(seq,)`` normally, and ``seq``
-    plus its freshly forked siblings when an ``n > 1`` prompt completes.
+    plus its freshly forked siblings when an ``n > 1`` prompt completes. A decode chunk with
+    ``num_draft_tokens`` also runs that many speculative tokens after the sequence's last one
+    (``seq.draft_token_ids``): ``num_new_tokens`` counts them.
     """
 
     seq: Sequence
     start: int
     num_new_tokens: int
     samplers: tuple[Sequence, ...]
+    num_draft_tokens: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -30,6 +30,8 @@ class Sequence:
     whoever keeps per-slot state knows when to reset it). ``generator`` is the seeded
     request's own; ``penalty`` is built on first use and then updated one token at a time.
     ``grammar`` (structured outputs) has accepted every output token so far.
+    ``draft_token_ids`` are speculative tokens proposed for the coming step (not yet part of
+    ``token_ids``: the step checks them, and only those kept are appended).
     """
 
     seq_id: int
@@ -49,6 +51,7 @@ class Sequence:
     slot_ticket: int = 0
     penalty: PenaltyState | None = None
     grammar: GrammarMatcher | None = None
+    draft_token_ids: tuple[int, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -27,6 +27,8 @@ class EngineStats:
     num_kv_blocks: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

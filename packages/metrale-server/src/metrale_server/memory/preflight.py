@@ -79,7 +79,7 @@ def plan_inputs(
         max_batch_tokens=args.max_batch_tokens,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_max_bytes=kv_cache_max_bytes(args, device),
-        spec_on=False,
+        spec_on=args.speculative_config is not None,
         indexer_paged=indexer_paged(),
         quantization=quantization,
     )

@@ -1,0 +1,101 @@
+"""Batch-1 decode with n-gram speculative decoding ÷ without, on the bundled default model.
+
+    python benches/spec_decode.py [--num-speculative-tokens 4] [--repeats 3] [--eager]
+
+Two workloads, each request run alone (batch 1) through ``metrale_server.LLM`` with its
+defaults (int8 weights and compiled layer steps on this CPU, timed once they are compiled):
+an input-grounded one (chat prompts asking to repeat, edit or summarize a passage given in the
+prompt, where the output copies from the input) and random prompts of token ids. Each runs with
+``--speculative-config``'s n-gram proposer and without, greedy, 128 output tokens; decode
+tokens/s = output tokens / time, the best of ``--repeats`` interleaved runs. Prints the speed-up
+(goal: >= 1.8x on the grounded workload, at most 5% slower on random prompts), the drafts'
+acceptance rate, and checks the outputs are identical token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from metrale_server import LLM, SamplingParams
+from metrale_server.speculative_config import SpeculativeConfig
+
+PASSAGE = (
+    "The lighthouse stood on a rock at the mouth of the harbour. Every evening the keeper "
+    "climbed the ninety steps, trimmed the wick, wound the clockwork that turned the lens, and "
+    "wrote the weather in a leather book. Ships coming home in the dark looked for its beam "
+    "before anything else, and the fishermen said that as long as the light turned, the town "
+    "would not forget them."
+)
+GROUNDED = [
+    f"Repeat the following passage exactly, word for word:\n\n{PASSAGE}",
+    f"Rewrite this passage, replacing 'keeper' with 'guardian' and changing nothing else:"
+    f"\n\n{PASSAGE}",
+    f"Copy the passage below, then stop.\n\n{PASSAGE}",
+    f"Quote the first three sentences of this text exactly:\n\n{PASSAGE}",
+]
+
+
+def run(llm: LLM, prompts: list[object], max_tokens: int) -> tuple[float, list[tuple[int, ...]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = [llm.generate([prompt], params)[0] for prompt in prompts]  # type: ignore[list-item]
+    elapsed = time.perf_counter() - start
+    return elapsed, [output.outputs[0].token_ids for output in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--eager", action="store_true", help="no compiled layer steps")
+    args = parser.parse_args()
+    config = SpeculativeConfig(
+        num_speculative_tokens=args.num_speculative_tokens,
+        prompt_lookup_max=args.num_speculative_tokens,
+    )
+    common = {"max_batch_size": 1, "enforce_eager": args.eager}
+    plain = LLM(None, **common)
+    speculative = LLM(None, speculative_config=config, **common)
+    for llm in (plain, speculative):
+        if llm.engine.core.compiler is not None:
+            llm.engine.core.compiler.wait()
+    tokenizer = plain.engine.loaded.tokenizer
+    grounded = [
+        {
+            "prompt_token_ids": tokenizer.encode(
+                plain.engine.loaded.render_chat([m]), add_special_tokens=False
+            )
+        }
+        for m in ({"role": "user", "content": text} for text in GROUNDED)
+    ]
+    rng = random.Random(0)
+    random_prompts = [
+        {"prompt_token_ids": [rng.randrange(1000, 40000) for _ in range(64)]} for _ in range(4)
+    ]
+    num_output = len(GROUNDED) * args.max_tokens
+    for name, prompts in (("input-grounded", grounded), ("random prompts", random_prompts)):
+        before = speculative.engine.stats
+        times: dict[str, list[float]] = {"plain": [], "ngram": []}
+        outputs: dict[str, list[tuple[int, ...]]] = {}
+        for _ in range(args.repeats):
+            for label, llm in (("plain", plain), ("ngram", speculative)):
+                seconds, outputs[label] = run(llm, prompts, args.max_tokens)
+                times[label].append(seconds)
+        after = speculative.engine.stats
+        drafted = after.num_draft_tokens - before.num_draft_tokens
+        accepted = after.num_accepted_tokens - before.num_accepted_tokens
+        plain_rate = num_output / min(times["plain"])
+        spec_rate = num_output / min(times["ngram"])
+        same = sum(a == b for a, b in zip(outputs["plain"], outputs["ngram"], strict=True))
+        print(
+            f"{name:15s} plain {plain_rate:6.1f} tok/s  ngram {spec_rate:6.1f} tok/s  "
+            f"speed-up {spec_rate / plain_rate:.2f}x  acceptance {accepted}/{drafted} "
+            f"({accepted / max(drafted, 1):.0%})  identical outputs {same}/{len(prompts)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

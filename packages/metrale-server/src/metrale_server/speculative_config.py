@@ -1,0 +1,67 @@
+"""``SpeculativeConfig``: ``--speculative-config`` as vLLM spells it (a JSON object)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+METHODS = ("ngram",)
+NOT_BUILT_METHODS = ("draft_model", "mtp", "eagle", "medusa")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@attrs.frozen(kw_only=True)
+class SpeculativeConfig:
+    """n-gram (prompt lookup) speculation: each decode step proposes up to
+    ``num_speculative_tokens`` tokens that followed the most recent earlier occurrence of the
+    sequence's last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens, and one forward pass
+    checks them all."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def __attrs_post_init__(self) -> None:
+        if self.method in NOT_BUILT_METHODS:
+            raise ValueError(f"method {self.method!r} is not built yet; this server has ngram")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, "
+                f"got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """Parse the flag's JSON; ``ValueError`` names what is wrong."""
+        try:
+            value: Any = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"not valid JSON: {error}") from error
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON object")
+        unknown = sorted(set(value) - set(KEYS))
+        if unknown:
+            raise ValueError(f"unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
+        for key in KEYS[1:]:
+            if key in value and (not isinstance(value[key], int) or isinstance(value[key], bool)):
+                raise ValueError(f"{key} must be an integer")
+        if "method" not in value:
+            raise ValueError("method is required")
+        num_tokens: int = value.get("num_speculative_tokens", 4)
+        return cls(
+            method=value["method"],
+            num_speculative_tokens=num_tokens,
+            prompt_lookup_min=value.get("prompt_lookup_min", 1),
+            prompt_lookup_max=value.get("prompt_lookup_max", num_tokens),
+        )

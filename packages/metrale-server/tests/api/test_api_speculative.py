@@ -1,0 +1,49 @@
+"""A server with n-gram speculative decoding answers greedy requests token for token as the
+plain server does, and exports its draft counters."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from metrale_server import Engine, EngineArgs
+from metrale_server.speculative_config import SpeculativeConfig
+
+from .conftest import RunningServer
+
+
+def test_greedy_over_http_is_identical_on_50_prompts(
+    server: RunningServer,
+    serve_engine: Callable[..., AbstractContextManager[RunningServer]],
+    tiny_model_dir: Path,
+) -> None:
+    rng = random.Random(5)
+    prompts = []
+    for _ in range(50):
+        passage = [rng.randrange(100, 40000) for _ in range(rng.randint(3, 10))]
+        prompts.append(passage * rng.randint(1, 3))
+    engine = Engine(
+        EngineArgs(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            max_batch_size=32,
+            speculative_config=SpeculativeConfig(num_speculative_tokens=3),
+        )
+    )
+
+    def completions(target: RunningServer) -> list[str]:
+        response = target.client.post(
+            "/v1/completions",
+            json={"prompt": prompts, "max_tokens": 48, "temperature": 0, "ignore_eos": True},
+        )
+        assert response.status_code == 200, response.text
+        return [choice["text"] for choice in response.json()["choices"]]
+
+    with serve_engine(engine) as speculative:
+        assert completions(speculative) == completions(server)
+        assert speculative.metric("metrale_spec_decode_num_draft_tokens_total") > 0
+        accepted = speculative.metric("metrale_spec_decode_num_accepted_tokens_total")
+        assert accepted == engine.stats.num_accepted_tokens > 0
+        speculative.wait_idle()
