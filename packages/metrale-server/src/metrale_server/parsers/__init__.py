@@ -1,80 +1,46 @@
 """Output parsers: tool calls in each model family's format, and reasoning blocks.
 
 ``make_tool_call_parser(name)`` / ``make_reasoning_parser(name)`` return a parser for one
-output: ``parse(text)`` reads a whole output, ``feed(delta, is_final=...)`` a streamed one, and
-the streamed pieces concatenate to what ``parse`` returns.
+output: ``parse(text)`` reads a whole output, ``feed(delta, is_final=...)`` one arriving in
+pieces, and for any split into deltas the pieces concatenate to what ``parse`` returns.
+
+Tool calls (``hermes``, ``llama3_json``, ``mistral``, ``glm45``; ``openai_required`` for
+``tool_choice: "required"``): content is the text outside the well-formed calls, whitespace
+settled as ``output.Output`` states (an output without a call comes back as it is; empty or
+whitespace-only content is ``None``). Text that may still be a marker is held back; a call is
+announced (its name, in its first delta) only once its name is complete and its arguments have
+begun, and JSON arguments then stream as the model writes them. A malformed call (broken
+JSON, no name, a marker not closed at the end) never raises: its text is content. When it is
+found malformed only after its name was streamed, the stream cannot take back what it sent:
+that call stays behind as a streamed call with partial arguments (the content is still the
+same), and the stream's later calls have indices one higher than ``parse``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
-
-from metrale_server.parsers.glm45 import Glm45ToolCallParser
-from metrale_server.parsers.hermes import HermesToolCallParser
-from metrale_server.parsers.llama3_json import Llama3JsonToolCallParser
-from metrale_server.parsers.mistral import MistralToolCallParser
-from metrale_server.parsers.reasoning import ThinkReasoningParser
-from metrale_server.parsers.required_array import RequiredArrayParser
-from metrale_server.parsers.types import (
+from metrale_server.parsers.reasoning import ReasoningParser, ReasoningSplit
+from metrale_server.parsers.registry import (
+    REASONING_PARSER_NAMES,
+    REASONING_PARSERS,
+    REQUIRED_CALLS_PARSER,
+    TOOL_CALL_PARSER_NAMES,
+    TOOL_CALL_PARSERS,
+    make_reasoning_parser,
+    make_tool_call_parser,
+)
+from metrale_server.parsers.tool_calls import (
     ParsedToolCalls,
-    ReasoningSplit,
     StreamDelta,
     ToolCall,
     ToolCallDelta,
+    ToolCallParser,
 )
 
-
-class ToolCallParser(Protocol):
-    def parse(self, text: str) -> ParsedToolCalls: ...
-
-    def feed(self, delta: str, *, is_final: bool) -> StreamDelta: ...
-
-
-class ReasoningParser(Protocol):
-    def parse(self, text: str) -> ReasoningSplit: ...
-
-    def feed(self, delta: str, *, is_final: bool) -> ReasoningSplit: ...
-
-
-# vLLM's names for --tool-call-parser.
-TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {
-    "hermes": HermesToolCallParser,
-    "llama3_json": Llama3JsonToolCallParser,
-    "mistral": MistralToolCallParser,
-    "glm45": Glm45ToolCallParser,
-}
-TOOL_CALL_PARSER_NAMES = tuple(TOOL_CALL_PARSERS)
-# Not a model format: what the grammar of tool_choice "required" makes the model write.
-REQUIRED_CALLS_PARSER = "openai_required"
-REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
-    "deepseek_r1": lambda: ThinkReasoningParser(is_open_tag_required=False),
-    "qwen3": lambda: ThinkReasoningParser(is_open_tag_required=True),
-}
-REASONING_PARSER_NAMES = tuple(REASONING_PARSERS)
-
-
-def make_tool_call_parser(name: str) -> ToolCallParser:
-    if name == REQUIRED_CALLS_PARSER:
-        return RequiredArrayParser()
-    if name not in TOOL_CALL_PARSERS:
-        raise ValueError(
-            f"unknown tool-call parser {name!r}; choose one of {', '.join(TOOL_CALL_PARSERS)}"
-        )
-    return TOOL_CALL_PARSERS[name]()
-
-
-def make_reasoning_parser(name: str) -> ReasoningParser:
-    if name not in REASONING_PARSERS:
-        raise ValueError(
-            f"unknown reasoning parser {name!r}; choose one of {', '.join(REASONING_PARSERS)}"
-        )
-    return REASONING_PARSERS[name]()
-
-
 __all__ = [
+    "REASONING_PARSERS",
     "REASONING_PARSER_NAMES",
     "REQUIRED_CALLS_PARSER",
+    "TOOL_CALL_PARSERS",
     "TOOL_CALL_PARSER_NAMES",
     "ParsedToolCalls",
     "ReasoningParser",

@@ -1,45 +1,64 @@
-"""A JSON array of call objects, ``[{"name": ..., "arguments" | "parameters": ...}, ...]``,
-read as it grows (Mistral's ``[TOOL_CALLS]`` payload, the ``required`` tool choice's output)."""
+"""``CallArrayReader``: a JSON array of call objects, ``[{"name": ..., "arguments": ...}, ...]``,
+read as it grows (Mistral's ``[TOOL_CALLS]`` payload before v11, the output the ``required``
+tool choice's grammar forces)."""
 
 from __future__ import annotations
 
-import attrs
-
-from metrale_server.parsers.json_scan import scan_call_object, skip_whitespace
-from metrale_server.parsers.tool_stream import PartialCall, is_json
-
-
-@attrs.frozen
-class ArrayScan:
-    calls: tuple[PartialCall, ...]
-    end: int | None  # after the closing bracket, once seen
-    is_broken: bool
+from metrale_server.parsers.call_object import CallObjectReader
+from metrale_server.parsers.output import Output
+from metrale_server.parsers.reading import Status, skip_whitespace
 
 
-def scan_call_array(text: str, start: int, *, is_final: bool) -> ArrayScan:
-    """The calls of the array at ``text[start]`` (``[``)."""
-    calls: list[PartialCall] = []
-    position = skip_whitespace(text, start + 1)
-    while True:
-        if position >= len(text):
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=is_final)
-        if text[position] == "]" and not calls:
-            return ArrayScan(calls=(), end=position + 1, is_broken=True)
-        if text[position] != "{":
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=True)
-        scan = scan_call_object(text, position, is_final=is_final)
-        if scan.end is None:
-            if scan.name is not None and not is_final:
-                calls.append(PartialCall(name=scan.name, arguments=scan.arguments))
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=is_final)
-        if scan.name is None or not scan.arguments_done or not is_json(text[position : scan.end]):
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=True)
-        calls.append(PartialCall(name=scan.name, arguments=scan.arguments, is_done=True))
-        position = skip_whitespace(text, scan.end)
-        if position >= len(text):
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=is_final)
-        if text[position] == "]":
-            return ArrayScan(calls=tuple(calls), end=position + 1, is_broken=False)
-        if text[position] != ",":
-            return ArrayScan(calls=tuple(calls), end=None, is_broken=True)
-        position = skip_whitespace(text, position + 1)
+class CallArrayReader:
+    """Reads the array at ``text[start]`` (``[``), sending each call to the output as it is
+    read and closing it as soon as its object is complete and well-formed.
+
+    ``DONE`` at the closing bracket of one or more calls (``[]`` is not a list of calls, and
+    comes back as content). ``BROKEN`` where the array stops being one; the calls
+    before stay closed, and ``last_call_end`` (``None`` before the first) tells where the
+    text that is not theirs begins.
+    """
+
+    def __init__(self, start: int) -> None:
+        self.status = Status.PARTIAL
+        self.end = start
+        self.last_call_end: int | None = None
+        self._position = start + 1
+        self._element: CallObjectReader | None = None
+        self._needs_comma = False  # after a call: "," or "]"
+
+    def read(self, text: str, *, is_final: bool, out: Output) -> None:
+        while self.status is Status.PARTIAL:
+            element = self._element
+            if element is not None:
+                element.read(text, is_final=is_final)
+                if element.status is Status.BROKEN:
+                    out.drop_call()
+                    self._settle(Status.BROKEN, element.end)
+                    return
+                out.follow(element, text)
+                if element.status is Status.PARTIAL:
+                    return
+                out.close_call()
+                self.last_call_end = self._position = element.end
+                self._element = None
+                self._needs_comma = True
+            position = skip_whitespace(text, self._position)
+            if position == len(text):
+                if is_final:
+                    self._settle(Status.BROKEN, position)
+                return
+            char = text[position]
+            if char == "]" and self._needs_comma:
+                self._settle(Status.DONE, position + 1)
+            elif char == "," and self._needs_comma:
+                self._position = position + 1
+                self._needs_comma = False
+            elif char == "{" and not self._needs_comma:
+                self._element = CallObjectReader(position)
+            else:
+                self._settle(Status.BROKEN, position)
+
+    def _settle(self, status: Status, end: int) -> None:
+        self.status = status
+        self.end = end
