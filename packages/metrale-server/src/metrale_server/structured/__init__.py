@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from metrale_server.structured.bitmask import (
         allocate_bitmask,
         apply_bitmask_,
+        bitmask_words,
         unpack_bitmask,
     )
     from metrale_server.structured.compiler import (
@@ -36,6 +37,7 @@ _HOMES = {
     "StructuredOutputsParams": "metrale_server.structured.params",
     "allocate_bitmask": "metrale_server.structured.bitmask",
     "apply_bitmask_": "metrale_server.structured.bitmask",
+    "bitmask_words": "metrale_server.structured.bitmask",
     "fill_bitmasks": "metrale_server.structured.matcher",
     "unpack_bitmask": "metrale_server.structured.bitmask",
 }
@@ -49,6 +51,7 @@ __all__ = [
     "StructuredOutputsParams",
     "allocate_bitmask",
     "apply_bitmask_",
+    "bitmask_words",
     "fill_bitmasks",
     "unpack_bitmask",
 ]

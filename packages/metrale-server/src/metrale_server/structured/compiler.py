@@ -1,19 +1,40 @@
 """``GrammarCompiler``: structured-output constraints → grammars over one model's vocabulary.
 
-The engine is llguidance (Microsoft's Rust grammar engine, a 3 MB wheel with no Python
-dependencies), chosen over xgrammar by measurement on this machine (``benches/
-grammar_backends.py``): on the default model's 49,152-token vocabulary llguidance reads the
-tokenizer in ~0.3 s, builds a schema's matcher in under a millisecond and fills a next-token
-mask in tens of microseconds; xgrammar's wheel also pulls in transformers and triton.
+The engine is llguidance 1.9, chosen over xgrammar 0.2.9 by measurement on this machine
+(``python benches/grammar_backends.py``: 2 busy CPUs, SmolLM2's 49,152-token vocabulary; the
+range of the medians of four runs):
+
+====================================  ==============  ===============
+measured                              llguidance      xgrammar
+====================================  ==============  ===============
+tokenizer tables (once per model)     195-295 ms      41-79 ms
+compile + first mask: small schema    0.5 ms          9-16 ms
+compile + first mask: 20-prop schema  1.5-2.0 ms      14-25 ms
+compile + first mask: json_object     0.4-0.5 ms      3-5.5 ms
+compile + first mask: regex / choice  0.7-1.1 ms      0.4-3.9 ms
+one mask row along a JSON output      25-155 us       8-40 us
+16 rows, one decode step              110-170 us      35-45 us (its pool: 0.1-3.8 ms)
+declared dependencies                 none            torch, transformers, triton, ...
+====================================  ==============  ===============
+
+xgrammar precomputes masks when it compiles, so its rows are ~4x cheaper; llguidance builds its
+lexer lazily, so a new schema is ready ~10-20x sooner. A request waits for its compile before
+its first token, while 16 llguidance rows cost ~0.15 ms a step (filled on llguidance's pool
+without the GIL); and llguidance's wheel has no dependencies where xgrammar's requires
+transformers and triton. llguidance also refuses JSON-schema keywords it does not implement (a
+clear 400) and only allows the canonical tokens of text the grammar forces.
 
 JSON schemas compile with the separators ``json.dumps`` writes (``", "``, ``": "``) and no
-other free whitespace, so a model cannot spend its tokens on blank space inside the JSON.
+other whitespace, so a model cannot spend its tokens on blank space inside the JSON (a schema's
+``x-guidance`` options may ask for more).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -28,14 +49,19 @@ from metrale_server.structured.params import StructuredOutputsParams
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
-GRAMMAR_BACKEND = f"llguidance {llguidance.get_version()}"
+GRAMMAR_BACKEND = f"llguidance {llguidance.__version__}"
 DEFAULT_CACHE_SIZE = 256
 JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
 }
-ANY_JSON_OBJECT = {"type": "object"}
+ANY_JSON_OBJECT = '{"type": "object"}'
+MAX_ERROR_CHARS = 500
+# llguidance's Lark: a ``start`` rule (``?start``/``!start`` too) or its ``%llguidance`` header.
+_LARK_START = re.compile(r"(?m)^\s*(%llguidance\b|[?!]?start\s*:)")
+# Caret lines and numbered source excerpts in llguidance's errors: noise in an HTTP message.
+_ERROR_NOISE = re.compile(r"^(\s*[\^~]+\s*|\s*\d+\s*\|.*)$")
 
 
 class GrammarError(ValueError):
@@ -45,28 +71,38 @@ class GrammarError(ValueError):
 class GrammarCompiler:
     """Compiles ``StructuredOutputsParams`` for one tokenizer; safe to call from any thread.
 
-    ``vocab_size`` is the width of the model's logits: ids past the tokenizer's vocabulary are
-    never allowed. Compiled grammars are cached by their params (least recently used out).
+    ``vocab_size`` is the width of the model's logits, at least the tokenizer's vocabulary: ids
+    past the tokenizer's vocabulary are never allowed. Compiled grammars are cached by their
+    params (the ``cache_size`` most recently used); ``compile`` of equal params returns the same
+    ``CompiledGrammar``.
     """
 
     def __init__(
         self, tokenizer: Tokenizer, vocab_size: int, *, cache_size: int = DEFAULT_CACHE_SIZE
     ) -> None:
+        if vocab_size < tokenizer.vocab_size:
+            raise ValueError(
+                f"vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}"
+            )
+        # A copy without padding or truncation: llguidance encodes through it.
         backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
         backend.no_padding()
         backend.no_truncation()
         self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(tokenizer.eos_token_ids)
         self._tokenizer = llguidance.LLTokenizer(
-            backend.to_str(), n_vocab=vocab_size, eos_token=list(tokenizer.eos_token_ids)
+            backend.to_str(), n_vocab=vocab_size, eos_token=list(self.eos_token_ids)
         )
         self._cache: OrderedDict[StructuredOutputsParams, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.num_compiled = 0
         self.num_cache_hits = 0
+        self.compile_seconds = 0.0
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
-        """The grammar of ``params`` (cached); ``GrammarError`` when it cannot be built."""
+        """The grammar of ``params``, from the cache when it is there; ``GrammarError`` (not
+        cached) when it cannot be built."""
         with self._lock:
             cached = self._cache.get(params)
             if cached is not None:
@@ -74,26 +110,59 @@ class GrammarCompiler:
                 self.num_cache_hits += 1
                 return cached
         # Outside the lock: llguidance drops the GIL while it builds, other threads go on.
+        start = time.perf_counter()
         matcher = llguidance.LLMatcher(self._tokenizer, _grammar_text(params), log_level=0)
         if matcher.is_error():
-            raise GrammarError(_first_line(matcher.get_error()))
-        compiled = CompiledGrammar(matcher, self.vocab_size)
+            raise GrammarError(f"invalid {_NOUNS[params.kind]}: {_describe(matcher.get_error())}")
+        seconds = time.perf_counter() - start
+        compiled = CompiledGrammar(
+            prototype=matcher,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            compile_seconds=seconds,
+        )
         with self._lock:
-            self._cache[params] = compiled
             self.num_compiled += 1
+            self.compile_seconds += seconds
+            # Another thread may have compiled the same params meanwhile: all callers get one.
+            compiled = self._cache.setdefault(params, compiled)
+            self._cache.move_to_end(params)
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return compiled
 
+    @property
+    def num_cached(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+
+_NOUNS = {
+    "json": "JSON schema",
+    "json_object": "JSON schema",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+}
+
 
 def _grammar_text(params: StructuredOutputsParams) -> str:
-    """llguidance's grammar for ``params``; malformed JSON schemas raise ``GrammarError``."""
+    """llguidance's grammar for ``params``; text that is not JSON or GBNF raises
+    ``GrammarError``."""
     if params.json is not None or params.json_object:
-        schema = ANY_JSON_OBJECT if params.json is None else params.json
+        text = ANY_JSON_OBJECT if params.json is None else params.json
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            schema = json.loads(text)
         except ValueError as error:
-            raise GrammarError(f"not a JSON schema: {error}") from error
+            raise GrammarError(f"invalid JSON schema: not JSON: {error}") from error
+        if schema is True:
+            text = "{}"  # JSON Schema's "anything", as an object the options can apply to
+        elif not isinstance(schema, dict):
+            raise GrammarError("invalid JSON schema: a schema is an object or true")
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        except ValueError as error:
+            raise GrammarError(f"invalid JSON schema: {error}") from error
     if params.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(params.regex)
     if params.choice is not None:
@@ -107,15 +176,19 @@ def _grammar_text(params: StructuredOutputsParams) -> str:
 
 
 def _as_lark(grammar: str) -> str:
-    """GBNF (``root ::= ...``, as llama.cpp and xgrammar take it) becomes Lark; Lark stays."""
-    if "::=" not in grammar:
+    """Lark (a ``start`` rule) stays; GBNF (``root ::= ...``, as llama.cpp and xgrammar take
+    it) becomes Lark; anything else is left for llguidance's Lark parser to refuse."""
+    if _LARK_START.search(grammar) or "::=" not in grammar:
         return grammar
     try:
         return gbnf_to_lark(grammar)
     except Exception as error:  # the converter raises plain exceptions on bad input
-        raise GrammarError(f"not a GBNF grammar: {error}") from error
+        raise GrammarError(f"invalid grammar: GBNF: {error}") from error
 
 
-def _first_line(message: str) -> str:
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return "; ".join(lines[:3]) if lines else "the grammar is invalid"
+def _describe(message: str) -> str:
+    """llguidance's error on one line, without its caret and source-excerpt lines."""
+    lines = [line.strip() for line in message.splitlines()]
+    kept = [line for line in lines if line and not _ERROR_NOISE.match(line)]
+    text = " ".join(kept) or "the grammar is invalid"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
