@@ -228,3 +228,18 @@ def test_a_json_grammar_skips_the_reasoning_parser(server: RunningServer) -> Non
     assert "reasoning_content" not in message
     assert message["content"].startswith("{")
     assert json.loads(called["message"]["tool_calls"][0]["function"]["arguments"])["zone"]
+
+
+def test_marker_formats_keep_special_tokens(server: RunningServer) -> None:
+    # Mistral's [TOOL_CALLS] and GLM's tags are special tokens: with those parsers an auto
+    # request's output keeps special tokens, unless the request says otherwise.
+    special = server.engine.loaded.tokenizer.eos_token_ids[0]
+    body = {"tools": TOOLS, "max_tokens": 3, "seed": 0, "logit_bias": {str(special): 100}}
+    for parser, expected in (("mistral", True), ("hermes", False)):
+        with server.overridden(tool_call_parser=parser):
+            message = post_chat(server, **body, ignore_eos=True)["choices"][0]["message"]
+        token = server.engine.loaded.tokenizer.decode([special])
+        assert (token in (message["content"] or "")) is expected, (parser, message)
+    with server.overridden(tool_call_parser="mistral"):
+        message = post_chat(server, **body, ignore_eos=True, skip_special_tokens=True)
+    assert token not in (message["choices"][0]["message"]["content"] or "")

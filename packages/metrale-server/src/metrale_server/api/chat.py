@@ -40,7 +40,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
         body,
         state.engine,
         state.served_model_name,
-        has_tool_parser=state.tool_call_parser is not None,
+        tool_call_parser=state.tool_call_parser,
     )
     await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(

@@ -18,6 +18,7 @@ from metrale_server.api.sampling import parse_sampling, read_logprobs_count
 from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
 from metrale_server.api.tool_fields import ToolRequest, read_tool_request
 from metrale_server.engine.engine import Engine
+from metrale_server.parsers import SPECIAL_TOKEN_FORMATS
 from metrale_server.sampling.params import SamplingParams
 
 MAX_PROMPTS = 64
@@ -122,11 +123,16 @@ def parse_completion_request(
 
 
 def parse_chat_request(
-    body: dict[str, Any], engine: Engine, served_model_name: str, *, has_tool_parser: bool = False
+    body: dict[str, Any],
+    engine: Engine,
+    served_model_name: str,
+    *,
+    tool_call_parser: str | None = None,
 ) -> ChatRequest:
+    """``tool_call_parser`` is the server's ``--tool-call-parser`` (``None``: no auto tools)."""
     fields = Fields(body)
     check_model(fields, served_model_name)
-    tools = read_tool_request(fields, has_parser=has_tool_parser)
+    tools = read_tool_request(fields, has_parser=tool_call_parser is not None)
     structured = _one_constraint(fields, read_structured_outputs(fields), tools)
     wants_logprobs = fields.read_bool("logprobs", False)
     num_top_logprobs = read_logprobs_count(fields, "top_logprobs")
@@ -150,13 +156,11 @@ def parse_chat_request(
     token_ids = tuple(engine.loaded.tokenizer.encode(text, add_special_tokens=False))
     if not token_ids:
         fields.fail("messages", "the rendered conversation is empty")
-    prompt = Prompt(
-        text=text,
-        token_ids=token_ids,
-        params=_constrained(
-            sampling.fit(len(token_ids), engine, prompt_param="messages"), structured
-        ),
-    )
+    params = _constrained(sampling.fit(len(token_ids), engine, prompt_param="messages"), structured)
+    is_reading_markers = tools.choice == "auto" and tool_call_parser in SPECIAL_TOKEN_FORMATS
+    if is_reading_markers and not fields.has("skip_special_tokens"):
+        params = attrs.evolve(params, skip_special_tokens=False)
+    prompt = Prompt(text=text, token_ids=token_ids, params=params)
     return ChatRequest(
         prompt=prompt,
         stream=stream,

@@ -22,6 +22,10 @@ TOOL_CALL_PARSERS: Mapping[str, Callable[[], ToolCallParser]] = MappingProxyType
     }
 )
 TOOL_CALL_PARSER_NAMES = tuple(TOOL_CALL_PARSERS)
+# Formats whose markers are special tokens of their models' tokenizers ([TOOL_CALLS], [ARGS];
+# GLM's <tool_call>, <arg_key>...): the output must keep special tokens for the parser to see
+# them, as vLLM's parsers for these formats arrange.
+SPECIAL_TOKEN_FORMATS = frozenset({"mistral", "glm45"})
 # Not a model format and not a --tool-call-parser choice: what the grammar of tool_choice
 # "required" makes any model write.
 REQUIRED_CALLS_PARSER = "openai_required"
