@@ -46,4 +46,12 @@ def test_greedy_over_http_is_identical_on_50_prompts(
         assert speculative.metric("metrale_spec_decode_num_draft_tokens_total") > 0
         accepted = speculative.metric("metrale_spec_decode_num_accepted_tokens_total")
         assert accepted == engine.stats.num_accepted_tokens > 0
+        by_position = engine.stats.num_accepted_by_position
+        assert sum(by_position) == accepted
+        # A draft is kept only after every draft before it was: counts never grow with position.
+        assert list(by_position) == sorted(by_position, reverse=True)
+        first = speculative.metric(
+            "metrale_spec_decode_num_accepted_tokens_per_pos_total", 'position="0"'
+        )
+        assert first == by_position[0]
         speculative.wait_idle()

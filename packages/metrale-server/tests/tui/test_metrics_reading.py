@@ -21,6 +21,10 @@ metrale_prefix_cache_queries_total{model_name="m"} 100.0
 metrale_prefix_cache_hits_total{model_name="m"} 25.0
 # TYPE metrale_num_preemptions counter
 metrale_num_preemptions_total{model_name="m"} 2.0
+# TYPE metrale_spec_decode_num_draft_tokens counter
+metrale_spec_decode_num_draft_tokens_total{model_name="m"} 40.0
+# TYPE metrale_spec_decode_num_accepted_tokens counter
+metrale_spec_decode_num_accepted_tokens_total{model_name="m"} 10.0
 # TYPE metrale_time_to_first_token_seconds histogram
 metrale_time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 1.0
 metrale_time_to_first_token_seconds_bucket{le="1.0",model_name="m"} 3.0
@@ -42,6 +46,7 @@ def test_parses_gauges_counters_and_histograms() -> None:
     assert reading.num_generation_tokens == 64
     assert reading.prefix_hit_rate == 0.25
     assert reading.num_preemptions == 2
+    assert reading.draft_acceptance_rate == 0.25
     assert reading.num_finished_by_reason == {"stop": 2, "length": 1}
     assert reading.num_finished == 3
     assert reading.ttft.upper_bounds == (0.1, 1.0, math.inf)

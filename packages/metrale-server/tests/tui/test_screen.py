@@ -146,3 +146,16 @@ def test_the_pill_names_the_status(
 ) -> None:
     view = make_view(snapshot=attrs.evolve(snapshot, status=status))
     assert f" {status.value} " in draw(view)[0]
+
+
+def test_a_speculating_server_shows_its_drafts_kept(
+    make_view: ViewFactory, snapshot: Snapshot
+) -> None:
+    assert snapshot.metrics is not None
+    metrics = attrs.evolve(snapshot.metrics, num_draft_tokens=200, num_accepted_tokens=100)
+    view = make_view(snapshot=attrs.evolve(snapshot, metrics=metrics))
+    text = "\n".join(draw(view, 100, 40))
+    assert "drafts kept" in text
+    assert "50.0% of 200" in text
+    assert_fits(draw(view), 80, 24)
+    assert "drafts kept" not in "\n".join(draw(make_view(), 100, 40))

@@ -102,6 +102,14 @@ class _EngineCollector(Collector):
             "Speculative tokens the target model kept.",
             stats.num_accepted_tokens,
         )
+        by_position = CounterMetricFamily(
+            "metrale_spec_decode_num_accepted_tokens_per_pos",
+            "Speculative tokens kept, by draft position (0: right after the last token).",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(stats.num_accepted_by_position):
+            by_position.add_metric([*self._labels, str(position)], count)
+        yield by_position
         yield self._counter(
             "metrale_num_preemptions",
             "Sequences preempted for lack of KV blocks.",

@@ -313,16 +313,25 @@ class EngineCore:
         if num_drafts:
             num_kept = len(tokens) - 1  # the drafts verification kept; one more was drawn
             self.scheduler.accept_drafts(seq, min(len(appended), num_kept))
-            self._stats = attrs.evolve(
-                self._stats,
-                num_draft_tokens=self._stats.num_draft_tokens + num_drafts,
-                num_accepted_tokens=self._stats.num_accepted_tokens + num_kept,
-            )
+            self._count_drafts(num_drafts, num_kept)
         if len(appended) == 1:
             return appended[0]
         last = appended[-1]
         return attrs.evolve(
             last, new_token_ids=tuple(t for delta in appended for t in delta.new_token_ids)
+        )
+
+    def _count_drafts(self, num_drafts: int, num_kept: int) -> None:
+        stats = self._stats
+        by_position = list(stats.num_accepted_by_position)
+        by_position += [0] * (num_drafts - len(by_position))
+        for position in range(num_kept):
+            by_position[position] += 1
+        self._stats = attrs.evolve(
+            stats,
+            num_draft_tokens=stats.num_draft_tokens + num_drafts,
+            num_accepted_tokens=stats.num_accepted_tokens + num_kept,
+            num_accepted_by_position=tuple(by_position),
         )
 
     def _propose(self, seq: Sequence, max_tokens: int) -> tuple[int, ...]:

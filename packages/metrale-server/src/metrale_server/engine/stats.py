@@ -29,6 +29,8 @@ class EngineStats:
     prefix_cache_hits: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # Drafts kept at each draft position (0: the first token after the sequence's last one).
+    num_accepted_by_position: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

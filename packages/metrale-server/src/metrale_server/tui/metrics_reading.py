@@ -26,6 +26,8 @@ class MetricsReading:
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
     num_preemptions: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     num_finished_by_reason: Mapping[str, int] = attrs.field(factory=dict)
     ttft: BucketCounts = attrs.field(factory=BucketCounts)
     tpot: BucketCounts = attrs.field(factory=BucketCounts)
@@ -39,6 +41,13 @@ class MetricsReading:
         if self.num_prefix_queried_tokens <= 0:
             return None
         return self.num_prefix_hit_tokens / self.num_prefix_queried_tokens
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        """Speculative tokens kept / proposed; ``None`` when none were proposed."""
+        if self.num_draft_tokens <= 0:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
 
     @classmethod
     def from_prometheus_text(cls, text: str) -> MetricsReading:
@@ -70,6 +79,8 @@ class MetricsReading:
             num_prefix_queried_tokens=count("metrale_prefix_cache_queries_total"),
             num_prefix_hit_tokens=count("metrale_prefix_cache_hits_total"),
             num_preemptions=count("metrale_num_preemptions_total"),
+            num_draft_tokens=count("metrale_spec_decode_num_draft_tokens_total"),
+            num_accepted_tokens=count("metrale_spec_decode_num_accepted_tokens_total"),
             num_finished_by_reason=finished,
             ttft=_bucket_counts(buckets[TTFT_NAME]),
             tpot=_bucket_counts(buckets[TPOT_NAME]),

@@ -89,8 +89,19 @@ def render_throughput_panel(view: DashboardView) -> Panel:
             [r.generation_tokens_per_s for r in view.rates],
         ),
         Text("last minute", style="dim", no_wrap=True, overflow="ellipsis"),
+        *_drafts_line(view),
     )
     return _panel(body, "Throughput")
+
+
+def _drafts_line(view: DashboardView) -> list[Text]:
+    """How many speculative tokens were kept: only a server that drafts shows the line."""
+    metrics = view.snapshot.metrics
+    rate = None if metrics is None else metrics.draft_acceptance_rate
+    if metrics is None or rate is None:
+        return []
+    line = f"drafts kept {format_percent(rate)} of {metrics.num_draft_tokens}"
+    return [Text(line, no_wrap=True, overflow="ellipsis")]
 
 
 def render_latency_panel(view: DashboardView) -> Panel:
