@@ -32,6 +32,7 @@ from metrale_server.sampling.logprobs import (
     compute_logprob_tensors,
     unpack_logprobs,
 )
+from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import (
     PenaltyTensors,
     RandomSamplingTensors,
@@ -111,6 +112,24 @@ def _probs_after_min_p(logits: torch.Tensor, min_ps: torch.Tensor | None) -> tor
         thresholds = min_ps[:, None] * probs.amax(dim=-1, keepdim=True)
         probs.masked_fill_(probs < thresholds, 0.0)
     return probs
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(rows, vocab) probabilities one request's sampling draws from at each row: temperature,
+    top-k, top-p and min-p exactly as ``sample`` applies them, renormalized (speculative
+    decoding checks drafts against these)."""
+    num_rows, vocab_size = logits.shape
+    rows = logits.float() / params.temperature
+    if 0 < params.top_k < vocab_size:
+        top_ks = torch.full((num_rows,), params.top_k, device=rows.device)
+        _apply_top_k(rows, top_ks, params.top_k)
+    if params.top_p < 1.0:
+        sorted_rows, order = rows.sort(dim=-1, descending=True)
+        _mask_outside_nucleus(sorted_rows, torch.full((num_rows,), params.top_p))
+        rows = torch.full_like(rows, float("-inf")).scatter_(1, order, sorted_rows)
+    min_ps = torch.full((num_rows,), params.min_p) if params.min_p > 0.0 else None
+    probs = _probs_after_min_p(rows, min_ps)
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
 def _exponential_noise(

@@ -15,26 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
-from metrale_server.sampling.params import SamplingParams
+from metrale_server.sampling.sampler import target_probs
 
-
-def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(positions, vocab) probabilities after temperature, top-k, top-p and min-p."""
-    rows = logits.float() / params.temperature
-    vocab_size = rows.shape[1]
-    if 0 < params.top_k < vocab_size:
-        threshold = rows.topk(params.top_k, dim=-1).values[:, -1:]
-        rows = rows.masked_fill(rows < threshold, float("-inf"))
-    probs = rows.softmax(dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
-    if params.min_p > 0.0:
-        floor = params.min_p * probs.amax(dim=-1, keepdim=True)
-        probs = probs.masked_fill(probs < floor, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+__all__ = ["target_probs", "verify_greedy", "verify_sampled"]
 
 
 def verify_greedy(logits: torch.Tensor, drafts: Sequence[int]) -> list[int]:
