@@ -10,27 +10,60 @@ import torch
 from metrale_config import ModelConfig
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch.families import CausalLM
-from metrale_model_arch.kv_cache import allocate_kv_cache
+from metrale_model_arch.kv_cache import allocate_kv_cache, allocate_state_slots
 
 
 class PagedRunner:
     """Runs steps of several sequences through one paged KV cache, like the engine does.
 
     Blocks come from a shuffled free list, so each sequence's blocks are non-contiguous and
-    interleaved with the other sequences'.
+    interleaved with the other sequences'. A model with per-sequence state (linear attention, a
+    flat indexer) gets ``num_slots`` state slots; a sequence takes the highest free one (so slot
+    numbers differ from sequence ids) and :meth:`free` gives its blocks and slot back.
     """
 
-    def __init__(self, model: CausalLM, *, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        num_blocks: int,
+        block_size: int,
+        seed: int = 0,
+        indexer_paged: bool = True,
+        num_slots: int = 8,
+        max_seq_len: int = 256,
+    ) -> None:
         self.model = model
         self.block_size = block_size
         dtype = next(model.parameters()).dtype
         self.kv_caches = allocate_kv_cache(
-            model.config, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device="cpu"
+            model.config,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=dtype,
+            device="cpu",
+            indexer_paged=indexer_paged,
+        )
+        self.states = allocate_state_slots(
+            model.config,
+            num_slots=num_slots,
+            max_seq_len=max_seq_len,
+            dtype=dtype,
+            device="cpu",
+            indexer_paged=indexer_paged,
         )
         generator = torch.Generator().manual_seed(seed)
         self.free_blocks: list[int] = torch.randperm(num_blocks, generator=generator).tolist()
+        self.free_slots = list(range(num_slots))
         self.block_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
+        self.slots: dict[int, int] = {}
+
+    def free(self, seq_id: int) -> None:
+        """Forget sequence ``seq_id``: its blocks and state slot return to the free lists."""
+        self.free_blocks += self.block_tables.pop(seq_id)
+        self.free_slots.append(self.slots.pop(seq_id))
+        del self.seq_lens[seq_id]
 
     def step(self, new_tokens: Mapping[int, Sequence[int]]) -> dict[int, torch.Tensor]:
         """One forward over ``{seq_id: new token ids}`` → ``{seq_id: (len(new), vocab) logits}``."""
@@ -44,15 +77,23 @@ class PagedRunner:
                 table.append(self.free_blocks.pop())
             self.seq_lens[seq_id] = end
             positions.extend(range(start, end))
+            if seq_id not in self.slots:
+                self.slots[seq_id] = slot = max(self.free_slots)
+                self.free_slots.remove(slot)
+                if self.states.allocations:
+                    self.states.reset(slot)
         metadata = build_attention_metadata(
             block_tables=[self.block_tables[s] for s in seq_ids],
             seq_lens=[self.seq_lens[s] for s in seq_ids],
             query_lens=[len(new_tokens[s]) for s in seq_ids],
             block_size=self.block_size,
+            state_slots=[self.slots[s] for s in seq_ids],
         )
         input_ids = torch.tensor([t for s in seq_ids for t in new_tokens[s]], dtype=torch.int64)
         with torch.inference_mode():
-            hidden = self.model(input_ids, torch.tensor(positions), self.kv_caches, metadata)
+            hidden = self.model(
+                input_ids, torch.tensor(positions), self.kv_caches, metadata, self.states
+            )
             logits = self.model.compute_logits(hidden)
         split = logits.split([len(new_tokens[s]) for s in seq_ids])
         return dict(zip(seq_ids, split, strict=True))

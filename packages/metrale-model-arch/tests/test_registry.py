@@ -22,15 +22,25 @@ def test_llama_family_runs_its_model_types(tiny_config: ModelConfig, model_type:
     assert family_for(attrs.evolve(tiny_config, model_type=model_type)) is LlamaForCausalLM
 
 
+@pytest.fixture
+def planned_only(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A model type with a memory plan and no torch module (as glm5_next was before it ran)."""
+    record = attrs.evolve(
+        ARCHITECTURES["glm5_next"], model_type="planned_only", module=None, checkpoint_mapping=None
+    )
+    monkeypatch.setitem(ARCHITECTURES, "planned_only", record)
+    return "planned_only"
+
+
 def test_parsed_but_unrunnable_model_type_lists_the_supported_ones(
-    tiny_config: ModelConfig,
+    tiny_config: ModelConfig, planned_only: str
 ) -> None:
     with pytest.raises(UnsupportedModelError) as info:
-        family_for(attrs.evolve(tiny_config, model_type="glm5_next"))
+        family_for(attrs.evolve(tiny_config, model_type=planned_only))
     message = str(info.value)
-    assert "'glm5_next'" in message
+    assert "'planned_only'" in message
     assert "tiny test config" in message
-    assert "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe" in message
+    assert "glm5_next, glm5_next_text, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe" in message
 
 
 def test_unsupported_model_error_is_a_value_error() -> None:
@@ -47,23 +57,29 @@ def test_llama_family_refuses_moe_layers_under_a_llama_model_type(
         LlamaForCausalLM(moe)
 
 
-@pytest.mark.parametrize("model_type", ["glm5_next", "glm5_next_text"])
-def test_planned_types_plan_but_do_not_run(tiny_config: ModelConfig, model_type: str) -> None:
-    config = attrs.evolve(tiny_config, model_type=model_type)
+def test_planned_types_plan_but_do_not_run(tiny_config: ModelConfig, planned_only: str) -> None:
+    config = attrs.evolve(tiny_config, model_type=planned_only)
     record = planned_architecture(config)
     assert record.module is None
     assert record.skeleton is not None
-    assert model_type in PLANNED_MODEL_TYPES
-    assert model_type not in SUPPORTED_MODEL_TYPES
-    with pytest.raises(UnsupportedModelError, match=rf"'{model_type}'.*supported model types: "):
+    assert not record.is_runnable
+    with pytest.raises(UnsupportedModelError, match=rf"'{planned_only}'.*supported model types: "):
         architecture_for(config)
+
+
+@pytest.mark.parametrize("model_type", ["glm5_next", "glm5_next_text"])
+def test_glm5_next_runs(model_type: str) -> None:
+    record = ARCHITECTURES[model_type]
+    assert record.is_runnable
+    assert model_type in SUPPORTED_MODEL_TYPES
+    assert model_type in PLANNED_MODEL_TYPES
 
 
 def test_unknown_type_is_refused_for_planning_too(tiny_config: ModelConfig) -> None:
     config = attrs.evolve(tiny_config, model_type="gpt2")
     with pytest.raises(UnsupportedModelError, match=r"no weight plan for model_type 'gpt2'"):
         planned_architecture(config)
-    with pytest.raises(UnsupportedModelError, match="supported model types: llama, mistral"):
+    with pytest.raises(UnsupportedModelError, match="supported model types: glm5_next, "):
         architecture_for(config)
 
 

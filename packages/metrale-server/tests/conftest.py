@@ -45,3 +45,60 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: 
     transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
     default_tokenizer.save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_glm5_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
+    """A 4-layer random GLM-5.3 (KDA, DSA with a shared-indexer layer, MoE, 4 streams; pools
+    of 4 tokens, top-k 8 tokens) over SmolLM2's vocabulary, as transformers saves it."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny-glm5-next")
+    linear, indexed = "linear_attention", "indexed_attention"
+    text = transformers.Glm5NextTextConfig(
+        vocab_size=default_tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        index_n_heads=16,
+        index_head_dim=16,
+        index_topk=8,
+        index_kpool=4,
+        linear_num_heads=2,
+        linear_head_dim=16,
+        hc_mult=4,
+        layer_types=[linear, indexed, indexed, linear],
+        mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+        indexer_types=["full", "full", "shared", "full"],
+        max_position_embeddings=512,
+        bos_token_id=default_tokenizer.bos_token_id,
+        eos_token_id=default_tokenizer.eos_token_id,
+        pad_token_id=0,
+    )
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+              "out_hidden_size": 64, "projection_intermediate_size": 64}  # fmt: skip
+    config = transformers.Glm5NextConfig(text_config=text.to_dict(), vision_config=vision)
+    model = transformers.Glm5NextForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            noise = torch.randn(tensor.shape, generator=generator)
+            if "norm" in name or name.endswith("_hc.scale"):
+                tensor.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("dt_bias"):
+                tensor.copy_(-3.0 + 0.5 * noise)
+            else:
+                tensor.copy_(0.2 * noise)
+    model.save_pretrained(path)
+    default_tokenizer.save(path)
+    return path

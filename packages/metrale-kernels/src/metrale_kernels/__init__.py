@@ -7,7 +7,14 @@ import torch
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
 from metrale_kernels.cpu_features import CpuFeatures, cpu_features
+from metrale_kernels.dsa import (
+    index_scores,
+    pool_index_keys,
+    select_positions,
+    sparse_latent_attention,
+)
 from metrale_kernels.int8_matmul import dequantize_rows, int8_linear, quantize_per_row
+from metrale_kernels.kda import kda_chunked, kda_decode_step, kda_recurrent, short_conv
 from metrale_kernels.moe_experts import fused_moe
 from metrale_kernels.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
 from metrale_kernels.rotary import (
@@ -32,11 +39,19 @@ __all__ = [
     "fused_moe",
     "get_backend",
     "grouped_sigmoid_topk_routing",
+    "index_scores",
     "int8_linear",
+    "kda_chunked",
+    "kda_decode_step",
+    "kda_recurrent",
     "linear_inv_freq",
     "llama3_inv_freq",
+    "pool_index_keys",
     "quantize_per_row",
+    "select_positions",
+    "short_conv",
     "softmax_topk_routing",
+    "sparse_latent_attention",
 ]
 
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from metrale_kernels import int8_matmul, moe_experts, moe_routing, paged_attention, pointwise
+from metrale_kernels import (
+    dsa,
+    int8_matmul,
+    kda,
+    moe_experts,
+    moe_routing,
+    paged_attention,
+    pointwise,
+)
 from metrale_kernels.attention_metadata import AttentionMetadata
 
 
@@ -149,6 +157,90 @@ class KernelBackend:
             swiglu_limit=swiglu_limit,
             out=out,
         )
+
+    def short_conv(
+        self, x: torch.Tensor, weight: torch.Tensor, history: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KDA's depthwise causal conv + SiLU over one sequence: see :func:`kda.short_conv`."""
+        return kda.short_conv(x, weight, history)
+
+    def kda_recurrent(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KDA over one sequence, token by token: see :func:`kda.kda_recurrent`."""
+        return kda.kda_recurrent(q, k, v, g, beta, state)
+
+    def kda_chunked(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state: torch.Tensor,
+        *,
+        chunk_size: int = 64,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KDA over one sequence, in chunks: see :func:`kda.kda_chunked`."""
+        return kda.kda_chunked(q, k, v, g, beta, state, chunk_size=chunk_size)
+
+    def kda_decode_step(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        states: torch.Tensor,
+    ) -> torch.Tensor:
+        """One KDA token per sequence, ``states`` updated in place: see
+        :func:`kda.kda_decode_step`."""
+        return kda.kda_decode_step(q, k, v, g, beta, states)
+
+    def pool_index_keys(self, keys: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        """DSA indexer pooled keys: see :func:`dsa.pool_index_keys`."""
+        return dsa.pool_index_keys(keys, gate_logits)
+
+    def index_scores(
+        self,
+        index_q: torch.Tensor,
+        head_weights: torch.Tensor,
+        pooled_keys: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """DSA indexer scores of queries against pools: see :func:`dsa.index_scores`."""
+        return dsa.index_scores(index_q, head_weights, pooled_keys, scale)
+
+    def select_positions(
+        self,
+        scores: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        kpool: int,
+        topk_pools: int,
+        select_tail: bool,
+    ) -> torch.Tensor:
+        """The positions each query attends to: see :func:`dsa.select_positions`."""
+        return dsa.select_positions(
+            scores, positions, kpool=kpool, topk_pools=topk_pools, select_tail=select_tail
+        )
+
+    def sparse_latent_attention(
+        self,
+        q: torch.Tensor,
+        latent_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        selected: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Latent-space MLA over selected positions: see :func:`dsa.sparse_latent_attention`."""
+        return dsa.sparse_latent_attention(q, latent_cache, block_table, selected, scale)
 
 
 class TorchBackend(KernelBackend):

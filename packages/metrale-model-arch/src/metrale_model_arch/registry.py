@@ -12,6 +12,7 @@ from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
 from metrale_model_arch.families.qwen3_moe import (
@@ -46,11 +47,10 @@ MIXTRAL = Architecture(
     param_counts=mixtral_param_counts,
     cache_specs=attention_cache_specs,
 )
-# GLM-5.3: planned (memory), not yet runnable.
 GLM5_NEXT = Architecture(
     model_type="glm5_next",
-    module=None,
-    checkpoint_mapping=None,
+    module=Glm5NextForCausalLM,
+    checkpoint_mapping=glm5_next_checkpoint_mapping,
     gguf_names=None,
     param_counts=glm5_next_param_counts,
     cache_specs=attention_cache_specs,

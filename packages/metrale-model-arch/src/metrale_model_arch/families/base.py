@@ -14,6 +14,11 @@ from metrale_kernels import AttentionMetadata, KernelBackend
 # sliding attention, ``(latent,)`` for MLA, ``(latent, index_keys)`` for a paged DSA layer,
 # ``()`` for a layer with nothing paged.
 LayerCache = tuple[torch.Tensor, ...]
+# One layer's per-sequence state tensors, in its cache spec's state order, each ``(slots,
+# *shape)`` (``metadata.state_slots`` says which slot each sequence of a step reads and updates):
+# ``(recurrent, conv)`` for linear attention, ``(index_keys, index_flags)`` for a flat DSA
+# indexer, ``()`` for a layer without state.
+LayerState = tuple[torch.Tensor, ...]
 KvCache = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -37,13 +42,16 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        states: Sequence[LayerState] = (),
     ) -> torch.Tensor:
         """Hidden states ``(tokens, hidden_size)`` after the final norm.
 
         ``input_ids`` and ``positions`` are ``(tokens,)`` int64 in ``metadata``'s token order;
         ``kv_caches`` has one :data:`LayerCache` per layer (a ``KvCachePool``); for attention
         layers ``(k_cache, v_cache)``, each ``(num_blocks, block_size, num_kv_heads, head_dim)``.
-        They are written in place.
+        They are written in place. ``states`` (a ``StateSlots``, or empty for a model without
+        per-sequence state) has one :data:`LayerState` per layer, read and updated in place at
+        ``metadata.state_slots``.
         """
         raise NotImplementedError
 

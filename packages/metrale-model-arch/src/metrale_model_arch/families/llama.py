@@ -16,7 +16,7 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
 from metrale_model_arch.cache_spec import layer_sliding_window
-from metrale_model_arch.families.base import CausalLM, LayerCache
+from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
 from metrale_model_arch.families.int8_layers import Int8Linear
 from metrale_model_arch.families.rotary import rope_cos_sin_table
 from metrale_model_arch.loading.mapping import CheckpointMapping, TensorTarget
@@ -234,7 +234,9 @@ class LlamaForCausalLM(CausalLM):
         positions: torch.Tensor,
         kv_caches: Sequence[LayerCache],
         metadata: AttentionMetadata,
+        states: Sequence[LayerState] = (),
     ) -> torch.Tensor:
+        del states  # no per-sequence state
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
         cos_sin = self.model.cos_sin_cache

@@ -27,7 +27,7 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
             "max_batch_size": engine.args.max_batch_size,
             "max_batch_tokens": engine.args.max_batch_tokens,
             "max_seq_len": engine.max_seq_len,
-            "is_prefix_caching": engine.args.enable_prefix_caching,
+            "is_prefix_caching": engine.core.prefix_caching,
             "started_at": state.started_at,
             "uptime_s": time.time() - state.started_at,
             "num_active_requests": state.num_active_requests,

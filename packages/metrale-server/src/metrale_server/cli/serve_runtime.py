@@ -207,7 +207,7 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         engine.num_kv_blocks,
         plan.inputs.block_size,
         plan.kv_pool_bytes / 2**20,
-        ", prefix caching on" if engine.args.enable_prefix_caching else "",
+        _prefix_caching_note(engine),
         engine.ledger.live_bytes() / 2**20,
     )
     logger.info(
@@ -334,6 +334,16 @@ async def _serve(
             loop.remove_signal_handler(signum)
     logger.info("stopped")
     return exit_code
+
+
+def _prefix_caching_note(engine: Engine) -> str:
+    if engine.core.prefix_caching:
+        return ", prefix caching on"
+    if engine.args.enable_prefix_caching and engine.core.has_sequence_state:
+        return (
+            ", prefix caching off (the model keeps per-sequence state a cached prefix would skip)"
+        )
+    return ""
 
 
 def _url_host(host: str, port: int) -> str:

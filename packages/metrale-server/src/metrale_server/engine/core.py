@@ -93,16 +93,6 @@ class EngineCore:
         self.max_seq_len = plan.inputs.max_seq_len
         self.max_batch_size = plan.max_batch_size
         self.num_kv_blocks = plan.kv_blocks
-        self.block_manager = BlockManager(
-            self.num_kv_blocks, args.block_size, enable_prefix_caching=args.enable_prefix_caching
-        )
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
-            ),
-            self.block_manager,
-            proposer=None if args.speculative_config is None else self._propose,
-        )
         self.runner = ModelRunner(
             loaded,
             num_blocks=self.num_kv_blocks,
@@ -114,11 +104,26 @@ class EngineCore:
             seed=args.seed,
             indexer_paged=plan.inputs.indexer_paged,
         )
-        if args.speculative_config is not None and self.runner.seq_states.allocations:
+        # A prefix-cache hit skips the prefix's forward, so state kept per sequence rather than
+        # in blocks (linear attention, a flat indexer) would start from nothing: off for such
+        # models (the boot log says so).
+        self.has_sequence_state = bool(self.runner.seq_states.allocations)
+        self.prefix_caching = args.enable_prefix_caching and not self.has_sequence_state
+        self.block_manager = BlockManager(
+            self.num_kv_blocks, args.block_size, enable_prefix_caching=self.prefix_caching
+        )
+        if args.speculative_config is not None and self.has_sequence_state:
             raise ValueError(
                 "speculative decoding needs a model without per-sequence state "
                 f"({loaded.config.model_type} keeps some)"
             )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
+            ),
+            self.block_manager,
+            proposer=None if args.speculative_config is None else self._propose,
+        )
         self.compiler = LayerCompiler.start_if_useful(
             loaded.model, enforce_eager=args.enforce_eager
         )

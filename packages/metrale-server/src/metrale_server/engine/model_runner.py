@@ -171,7 +171,9 @@ class ModelRunner:
         can outnumber its rows): valid until the next call."""
         self.copy_blocks(step.block_copies)
         input_ids, positions, metadata, logits_indices = self.prepare_inputs(step)
-        hidden: torch.Tensor = self.loaded.model(input_ids, positions, self.kv_caches, metadata)
+        hidden: torch.Tensor = self.loaded.model(
+            input_ids, positions, self.kv_caches, metadata, self.seq_states
+        )
         if not logits_indices:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)

@@ -65,9 +65,20 @@ def plan_inputs(
     total_bytes: int | None = None,
     quantization: Quantization | None = None,
 ) -> PlanInputs:
-    """``quantization``: the weights' format as loaded (``None``: as ``args`` resolves it)."""
+    """``quantization``: the weights' format as loaded (``None``: as ``args`` resolves it).
+
+    Raises ``ValueError`` naming ``--block-size`` when the paged DSA indexer cannot use it.
+    """
     if quantization is None:
         quantization = resolve_quantization(args.quantization, device, dtype, config)
+    paged = indexer_paged()
+    if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
+        pool = config.dsa.index_kpool
+        raise ValueError(
+            f"--block-size {args.block_size} is not a multiple of index_kpool ({pool}): the "
+            f"paged DSA indexer keeps each pool of {pool} tokens in one block; pass a multiple "
+            f"of {pool}, or set METRALE_GLM_DSA_INDEXER_FLAT=1"
+        )
     return PlanInputs(
         device_kind=device.type,
         total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
@@ -80,7 +91,7 @@ def plan_inputs(
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_max_bytes=kv_cache_max_bytes(args, device),
         spec_on=args.speculative_config is not None,
-        indexer_paged=indexer_paged(),
+        indexer_paged=paged,
         quantization=quantization,
     )
 

@@ -1,0 +1,123 @@
+"""KDA (Kimi Delta Attention): linear attention with a per-channel forget gate.
+
+Per sequence the layer keeps a float32 recurrent state ``(heads, head_dim, head_dim)`` and the
+last ``conv_kernel_dim - 1`` inputs of its short convolution, in the linear-state pool slot of
+the sequence (``metadata.state_slots``). A multi-token chunk runs the chunked form from the
+slot's state, a decode step the recurrent form for every sequence at once; both write the new
+state back, so a prompt split into chunks continues where the last chunk stopped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from metrale_config import LinearAttentionConfig
+from metrale_kernels import AttentionMetadata, KernelBackend
+
+# Inside the square root of the q/k L2 normalisation.
+L2_NORM_EPS = 1e-6
+
+
+class ForgetGate(nn.Module):
+    """Per head and channel log-decay ``g <= 0`` from a rank-``head_dim`` projection."""
+
+    def __init__(self, hidden_size: int, linear: LinearAttentionConfig) -> None:
+        super().__init__()
+        heads, head_dim = linear.num_heads, linear.head_dim
+        self.num_heads, self.head_dim = heads, head_dim
+        self.lower_bound = linear.lower_bound
+        self.f_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
+        self.f_b_proj = nn.Linear(head_dim, heads * head_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(heads * head_dim))
+        self.A_log = nn.Parameter(torch.empty(heads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (tokens, hidden)`` -> ``g (tokens, heads, head_dim)`` float32."""
+        f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        f = f.view(-1, self.num_heads, self.head_dim)
+        rate = self.A_log.float().exp()[:, None]
+        if self.lower_bound is None:
+            return -rate * functional.softplus(f)
+        return self.lower_bound * torch.sigmoid(rate * f)
+
+
+class KdaAttention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        linear: LinearAttentionConfig,
+        rms_norm_eps: float,
+        backend: KernelBackend,
+    ) -> None:
+        super().__init__()
+        heads, head_dim = linear.num_heads, linear.head_dim
+        width = heads * head_dim
+        self.num_heads, self.head_dim, self.width = heads, head_dim, width
+        self.rms_norm_eps = rms_norm_eps
+        self.backend = backend
+        self.q_proj = nn.Linear(hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(hidden_size, width, bias=False)
+        self.v_proj = nn.Linear(hidden_size, width, bias=False)
+        # Depthwise, no bias: channels q | k | v, one row of ``conv_kernel_dim`` taps each.
+        self.conv1d = nn.Parameter(torch.empty(3 * width, 1, linear.conv_kernel_dim))
+        self.forget_gate = ForgetGate(hidden_size, linear)
+        self.b_proj = nn.Linear(hidden_size, heads, bias=False)
+        self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
+        self.g_b_proj = nn.Linear(head_dim, width, bias=False)
+        self.o_norm = nn.Parameter(torch.empty(head_dim))
+        self.o_proj = nn.Linear(width, hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, ...], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Normed ``x (tokens, hidden)`` -> ``(tokens, hidden)``; ``state`` is the layer's
+        ``(recurrent (slots, H, d, d), conv (slots, 3 * H * d, K - 1))``, updated in place."""
+        recurrent, conv = state
+        slots = metadata.state_slots
+        if slots is None:
+            raise ValueError("a KDA layer needs metadata.state_slots")
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        g = self.forget_gate(x)
+        beta = torch.sigmoid(self.b_proj(x)).float()
+        weight = self.conv1d.float().squeeze(1)
+        if metadata.is_decode_only:
+            history = conv.index_select(0, slots)
+            window = torch.cat([history, mixed.float().unsqueeze(-1)], dim=-1)
+            conv.index_copy_(0, slots, window[:, :, 1:])
+            q, k, v = self._split(functional.silu((window * weight).sum(dim=-1)))
+            states = recurrent.index_select(0, slots)
+            out = self.backend.kda_decode_step(q, k, v, g, beta, states)
+            recurrent.index_copy_(0, slots, states)
+        else:
+            outs = []
+            starts = metadata.query_start_loc.tolist()
+            for i, slot in enumerate(slots.tolist()):
+                rows = slice(starts[i], starts[i + 1])
+                conv_out, conv[slot] = self.backend.short_conv(mixed[rows], weight, conv[slot])
+                q, k, v = self._split(conv_out)
+                o, recurrent[slot] = self.backend.kda_chunked(
+                    q, k, v, g[rows], beta[rows], recurrent[slot]
+                )
+                outs.append(o)
+            out = torch.cat(outs)
+        return self._output(x, out)
+
+    def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Convolved ``(tokens, 3 * H * d)`` float32 -> L2-normalized, scaled q; normalized k;
+        v; each ``(tokens, H, d)``."""
+        shape = (conv_out.shape[0], self.num_heads, self.head_dim)
+        q, k, v = (part.reshape(shape) for part in torch.split(conv_out, self.width, dim=-1))
+        q = q * torch.rsqrt(q.pow(2).sum(dim=-1, keepdim=True) + L2_NORM_EPS) * self.head_dim**-0.5
+        k = k * torch.rsqrt(k.pow(2).sum(dim=-1, keepdim=True) + L2_NORM_EPS)
+        return q, k, v
+
+    def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Per-head RMSNorm of ``o (tokens, H, d)``, gated by ``sigmoid(g_b(g_a(x)))``, then
+        projected."""
+        normed = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.rms_norm_eps)
+        normed = (normed * self.o_norm.float()).to(x.dtype)
+        gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x))).view_as(normed)
+        out: torch.Tensor = self.o_proj((normed * gate).flatten(1))
+        return out

@@ -1,0 +1,91 @@
+"""Checkpoint names of GLM-5.3 -> the parameters of :class:`.model.Glm5NextForCausalLM`.
+
+Checkpoints name the text stack ``model.language_model.`` (a multimodal save), ``model.`` (a
+flat text-only save) or nothing (a ``Glm5NextTextModel`` save); all map to ``model.``. The
+vision tower and the MTP layer (``layers.<num_hidden_layers>``, ``shared_head``) are skipped.
+Per-expert projections stack into the experts' tensors, ``q/k/v_conv1d`` into one depthwise
+convolution, ``gate/up_proj`` into ``gate_up_proj``; routers, score-correction biases, the
+hyper-connections' ``base``/``scale`` and KDA's convolution, ``dt_bias`` and ``A_log`` stay
+float32 (as the weight plan counts them).
+"""
+
+from __future__ import annotations
+
+import re
+
+from metrale_config import ModelConfig
+from metrale_model_arch.loading import CheckpointMapping, Skip, TensorTarget
+
+_PREFIX = re.compile(
+    r"^(?:model\.language_model\.|model\.(?!visual\.)|(?=layers\.|embed_tokens\.|norm\.))"
+)
+_VISION = re.compile(r"^(?:model\.)?visual\.")
+_LAYER = re.compile(r"layers\.(?P<layer>\d+)\.(?P<rest>.+)")
+_HC = re.compile(r"hc_(?P<which>attn|ffn)_(?P<part>fn|base|scale)")
+_EXPERT = re.compile(
+    r"mlp\.experts\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight"
+)
+_CONV = re.compile(r"self_attn\.(?P<part>[qkv])_conv1d\.weight")
+_GATE_UP = re.compile(r"(?P<module>mlp|mlp\.shared_experts)\.(?P<part>gate|up)_proj\.weight")
+_FORGET = re.compile(r"self_attn\.(?P<name>f_a_proj\.weight|f_b_proj\.weight|dt_bias|A_log)")
+_KEEP_FLOAT32 = re.compile(
+    r"(?:mlp\.gate\.(?:weight|e_score_correction_bias)|(?:attn|ffn)_hc\.(?:base|scale)"
+    r"|self_attn\.conv1d|self_attn\.forget_gate\.(?:dt_bias|A_log))"
+)
+_MTP_HEAD = re.compile(r"layers\.\d+\.shared_head\.")
+
+
+def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
+    assert config.moe is not None
+    assert config.linear_attention is not None
+    num_layers = config.num_hidden_layers
+    expert_rows = config.moe.moe_intermediate_size
+    conv_rows = config.linear_attention.num_heads * config.linear_attention.head_dim
+
+    def target(name: str, shape: tuple[int, ...]) -> TensorTarget | Skip | None:
+        if _VISION.match(name):
+            return Skip("the vision tower is not part of the text model")
+        match = _PREFIX.match(name)
+        if match is None:
+            return TensorTarget(name) if name == "lm_head.weight" else None
+        short = name[match.end() :]
+        if _MTP_HEAD.match(short):
+            return Skip("MTP head")
+        layer = _LAYER.fullmatch(short)
+        if layer is None:
+            return TensorTarget(f"model.{short}")
+        index, rest = int(layer["layer"]), layer["rest"]
+        if index >= num_layers:
+            return Skip(f"MTP layer {index} (the text model has {num_layers} layers)")
+        prefix = f"model.layers.{index}."
+        return _layer_target(prefix, rest, shape, expert_rows, conv_rows)
+
+    return target
+
+
+def _layer_target(
+    prefix: str, rest: str, shape: tuple[int, ...], expert_rows: int, conv_rows: int
+) -> TensorTarget:
+    if match := _HC.fullmatch(rest):
+        rest = f"{match['which']}_hc.{match['part']}"
+    elif match := _EXPERT.fullmatch(rest):
+        expert, proj = int(match["expert"]), match["proj"]
+        if proj == "down_proj":
+            return TensorTarget(f"{prefix}mlp.experts.down_proj", (expert,))
+        half = slice(0, expert_rows) if proj == "gate_proj" else slice(expert_rows, None)
+        return TensorTarget(f"{prefix}mlp.experts.gate_up_proj", (expert, half))
+    elif match := _CONV.fullmatch(rest):
+        part = "qkv".index(match["part"])
+        channels = slice(part * conv_rows, (part + 1) * conv_rows)
+        return TensorTarget(f"{prefix}self_attn.conv1d", (channels,), keep_float32=True)
+    elif match := _GATE_UP.fullmatch(rest):
+        rows = shape[0]
+        half = slice(0, rows) if match["part"] == "gate" else slice(rows, 2 * rows)
+        return TensorTarget(f"{prefix}{match['module']}.gate_up_proj.weight", (half,))
+    elif match := _FORGET.fullmatch(rest):
+        rest = f"self_attn.forget_gate.{match['name']}"
+    elif rest == "self_attn.o_norm.weight":
+        rest = "self_attn.o_norm"
+    elif rest == "self_attn.conv1d.weight":
+        rest = "self_attn.conv1d"
+    return TensorTarget(f"{prefix}{rest}", keep_float32=bool(_KEEP_FLOAT32.fullmatch(rest)))
