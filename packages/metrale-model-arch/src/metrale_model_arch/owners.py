@@ -15,6 +15,9 @@ BUFFER_ARENA = "buffer_arena"
 PER_SEQUENCE_STATE = "per_sequence_state"
 LINEAR_STATE_POOL = "linear_state_pool"
 RUNTIME_HEADROOM = "runtime_headroom"
+# A speculative draft model: its weights and RoPE table, and its own KV pool.
+DRAFT_MODEL = "draft_model"
+DRAFT_KV_POOL = "draft_kv_pool"
 
 
 def weight_owner(param_name: str) -> str:

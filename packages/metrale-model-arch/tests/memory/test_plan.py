@@ -7,11 +7,14 @@ import pytest
 from metrale_config import ModelConfig
 from metrale_model_arch.memory import (
     BUFFER_ARENA,
+    DRAFT_KV_POOL,
+    DRAFT_MODEL,
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
     ROPE_TABLE,
     RUNTIME_HEADROOM,
+    DraftInputs,
     MemoryPlanError,
     PlanInputs,
     plan_memory,
@@ -91,6 +94,23 @@ def test_kv_pool_is_clamped_to_what_the_slots_can_use(tiny_llama: ModelConfig) -
         KV_POOL,
         BUFFER_ARENA,
     }
+
+
+def test_each_block_also_buys_the_draft_models_block(tiny_llama: ModelConfig) -> None:
+    """The tiny Llama as its own draft: its weights are reserved, and every KV block the budget
+    buys costs a target block and a draft block."""
+    draft = DraftInputs(config=tiny_llama)
+    # One byte short of 21 pairs of blocks (41 target blocks alone).
+    total = 2 * PRE_KV + reserve(4) + 21 * (2 * BLOCK) - 1
+    plan = plan_memory(tiny_llama, inputs(total, draft=draft))
+    assert plan.kv_blocks == 20
+    owners = plan.by_owner()
+    assert owners[DRAFT_MODEL] == PRE_KV
+    assert owners[KV_POOL] == owners[DRAFT_KV_POOL] == 20 * BLOCK
+    assert plan.used_bytes == sum(owners.values()) == total - (2 * BLOCK - 1)
+    assert {DRAFT_MODEL, DRAFT_KV_POOL} <= set(plan.allocated_by_owner())
+    with pytest.raises(MemoryPlanError, match="KV cache"):
+        plan_memory(tiny_llama, inputs(2 * PRE_KV + reserve(4) + 16 * (2 * BLOCK) - 1, draft=draft))
 
 
 def test_utilization_scales_the_budget(tiny_llama: ModelConfig) -> None:

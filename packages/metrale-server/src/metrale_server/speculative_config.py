@@ -7,27 +7,35 @@ from typing import Any
 
 import attrs
 
-METHODS = ("ngram",)
-NOT_BUILT_METHODS = ("draft_model", "mtp", "eagle", "medusa")
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+METHODS = ("ngram", "draft_model")
+NOT_BUILT_METHODS = ("mtp", "eagle", "medusa")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+INTEGER_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
 
 
 @attrs.frozen(kw_only=True)
 class SpeculativeConfig:
-    """n-gram (prompt lookup) speculation: each decode step proposes up to
-    ``num_speculative_tokens`` tokens that followed the most recent earlier occurrence of the
-    sequence's last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens, and one forward pass
-    checks them all."""
+    """Each decode step proposes up to ``num_speculative_tokens`` tokens and one forward pass
+    of the target checks them all.
+
+    ``ngram`` (prompt lookup) drafts the tokens that followed the most recent earlier
+    occurrence of the sequence's last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens;
+    ``draft_model`` drafts greedily with the smaller model at ``model`` (a directory or GGUF
+    file, as ``--model`` takes it), which must share the target's tokenizer.
+    """
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    model: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.method in NOT_BUILT_METHODS:
-            raise ValueError(f"method {self.method!r} is not built yet; this server has ngram")
+            raise ValueError(
+                f"method {self.method!r} is not built yet; this server has {' and '.join(METHODS)}"
+            )
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
@@ -40,6 +48,10 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method draft_model needs model: the draft model's path")
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f"model is for method draft_model, not {self.method}")
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
@@ -53,9 +65,11 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - set(KEYS))
         if unknown:
             raise ValueError(f"unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
-        for key in KEYS[1:]:
+        for key in INTEGER_KEYS:
             if key in value and (not isinstance(value[key], int) or isinstance(value[key], bool)):
                 raise ValueError(f"{key} must be an integer")
+        if "model" in value and not isinstance(value["model"], str):
+            raise ValueError("model must be a string (a path)")
         if "method" not in value:
             raise ValueError("method is required")
         num_tokens: int = value.get("num_speculative_tokens", 4)
@@ -64,4 +78,5 @@ class SpeculativeConfig:
             num_speculative_tokens=num_tokens,
             prompt_lookup_min=value.get("prompt_lookup_min", 1),
             prompt_lookup_max=value.get("prompt_lookup_max", num_tokens),
+            model=value.get("model"),
         )

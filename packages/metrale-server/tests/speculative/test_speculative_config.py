@@ -18,18 +18,32 @@ def test_vllm_json_parses() -> None:
     )
 
 
+def test_a_draft_model_config_parses() -> None:
+    config = SpeculativeConfig.from_json(
+        '{"method": "draft_model", "model": "/models/small", "num_speculative_tokens": 3}'
+    )
+    assert (config.method, config.model, config.num_speculative_tokens) == (
+        "draft_model",
+        "/models/small",
+        3,
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("{", "not valid JSON"),
         ("[]", "JSON object"),
         ('{"num_speculative_tokens": 2}', "method is required"),
-        ('{"method": "draft_model"}', "not built yet"),
+        ('{"method": "mtp"}', "not built yet; this server has ngram and draft_model"),
+        ('{"method": "draft_model"}', "needs model"),
+        ('{"method": "draft_model", "model": 3}', "model must be a string"),
         ('{"method": "beam"}', "method must be one of"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "1..16"),
         ('{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "lookup_min"),
         ('{"method": "ngram", "num_speculative_tokens": "4"}', "must be an integer"),
-        ('{"method": "ngram", "model": "x"}', "unknown keys model"),
+        ('{"method": "ngram", "model": "x"}', "model is for method draft_model"),
+        ('{"method": "ngram", "draft": "x"}', "unknown keys draft"),
     ],
 )
 def test_bad_configs_say_why(text: str, message: str) -> None:

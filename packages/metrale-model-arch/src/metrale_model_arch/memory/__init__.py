@@ -7,6 +7,12 @@ from metrale_model_arch.glm5_next_skeleton import (
     Mixer,
 )
 from metrale_model_arch.memory.arena import ArenaBuffer, arena_buffers, buffer_arena_bytes
+from metrale_model_arch.memory.draft import (
+    DraftInputs,
+    draft_kv_bytes_per_token,
+    draft_max_seq_len,
+    draft_model_bytes,
+)
 from metrale_model_arch.memory.dsa_state import (
     dsa_capacity,
     indexer_state_bytes,
@@ -20,6 +26,8 @@ from metrale_model_arch.memory.linear_state import (
 )
 from metrale_model_arch.memory.plan import (
     BUFFER_ARENA,
+    DRAFT_KV_POOL,
+    DRAFT_MODEL,
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
@@ -43,6 +51,8 @@ from metrale_model_arch.memory.weights import (
 
 __all__ = [
     "BUFFER_ARENA",
+    "DRAFT_KV_POOL",
+    "DRAFT_MODEL",
     "GLM5_NEXT_MODEL_TYPES",
     "KV_POOL",
     "LINEAR_STATE_POOL",
@@ -51,6 +61,7 @@ __all__ = [
     "RUNTIME_HEADROOM",
     "WEIGHT_OWNERS",
     "ArenaBuffer",
+    "DraftInputs",
     "Ffn",
     "Glm5NextTextSkeleton",
     "MemoryPlan",
@@ -62,6 +73,9 @@ __all__ = [
     "WeightBytes",
     "arena_buffers",
     "buffer_arena_bytes",
+    "draft_kv_bytes_per_token",
+    "draft_max_seq_len",
+    "draft_model_bytes",
     "dsa_capacity",
     "indexer_state_bytes",
     "kv_bytes_per_block",

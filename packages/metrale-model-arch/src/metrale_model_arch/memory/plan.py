@@ -2,11 +2,12 @@
 
 ``plan_memory`` runs before any weight is loaded. The budget is ``total_bytes x
 gpu_memory_utilization``; from it come the weights, the reserve terms (per-sequence state for
-``max_batch_size`` slots, the linear-attention state pool, the buffer arena, runtime headroom)
-and what is left is the KV pool, in whole blocks, clamped to what ``max_batch_size`` full-length
-sequences can ever use and to ``kv_cache_max_bytes`` when set. A plan that cannot hold the
-weights, or the reserve plus one ``max_seq_len`` sequence of KV, raises :class:`MemoryPlanError`
-naming the term and the flags.
+``max_batch_size`` slots, the linear-attention state pool, the buffer arena, runtime headroom,
+and a speculative draft model's weights when one is planned) and what is left is the KV pool,
+in whole blocks (each also buying a draft model's block, when one is planned), clamped to
+what ``max_batch_size`` full-length sequences can ever use and to ``kv_cache_max_bytes`` when
+set. A plan that cannot hold the weights, or the reserve plus one ``max_seq_len`` sequence of
+KV, raises :class:`MemoryPlanError` naming the term and the flags.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import attrs
 
 from metrale_config import ModelConfig
 from metrale_model_arch.memory.arena import buffer_arena_bytes
+from metrale_model_arch.memory.draft import (
+    DraftInputs,
+    draft_kv_bytes_per_token,
+    draft_model_bytes,
+)
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
@@ -23,6 +29,8 @@ from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_se
 from metrale_model_arch.memory.weights import WeightBytes, weight_bytes
 from metrale_model_arch.owners import (
     BUFFER_ARENA,
+    DRAFT_KV_POOL,
+    DRAFT_MODEL,
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
@@ -33,6 +41,8 @@ from metrale_model_arch.weight_format import Quantization
 
 __all__ = [
     "BUFFER_ARENA",
+    "DRAFT_KV_POOL",
+    "DRAFT_MODEL",
     "KV_POOL",
     "LINEAR_STATE_POOL",
     "PER_SEQUENCE_STATE",
@@ -75,6 +85,9 @@ class PlanInputs:
     spec_on: bool = False
     indexer_paged: bool = True
     quantization: Quantization = Quantization.NONE
+    # A speculative draft model to reserve for (its weights, and its own KV pool of as many
+    # blocks as the target's).
+    draft: DraftInputs | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -100,6 +113,8 @@ class MemoryPlan:
     linear_state_pool_bytes: int
     buffer_arena_bytes: int
     runtime_headroom_bytes: int
+    draft_model_bytes: int = 0
+    draft_kv_bytes_per_token: int = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -112,6 +127,20 @@ class MemoryPlan:
     @property
     def kv_pool_bytes(self) -> int:
         return self.kv_blocks * self.kv_block_bytes
+
+    @property
+    def draft_kv_block_bytes(self) -> int:
+        return self.draft_kv_bytes_per_token * self.inputs.block_size
+
+    @property
+    def draft_kv_pool_bytes(self) -> int:
+        """The draft model's paged pool: one draft block for each of the target's blocks."""
+        return self.kv_blocks * self.draft_kv_block_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        """What one more KV block costs: the target's block and the draft's, if any."""
+        return self.kv_block_bytes + self.draft_kv_block_bytes
 
     @property
     def max_kv_tokens(self) -> int:
@@ -128,7 +157,7 @@ class MemoryPlan:
 
     @property
     def used_bytes(self) -> int:
-        return self.pre_kv_bytes + self.reserve_bytes + self.kv_pool_bytes
+        return self.pre_kv_bytes + self.reserve_bytes + self.kv_blocks * self.block_bytes
 
     @property
     def admitted_sequences(self) -> int:
@@ -141,6 +170,7 @@ class MemoryPlan:
             **self.weights.by_owner(),
             ROPE_TABLE: self.rope_table_bytes,
             KV_POOL: self.kv_pool_bytes,
+            **({} if self.inputs.draft is None else {DRAFT_KV_POOL: self.draft_kv_pool_bytes}),
             **_reserve_terms(self),
         }
 
@@ -158,12 +188,15 @@ class MemoryPlan:
 
 
 def _reserve_terms(plan: MemoryPlan) -> dict[str, int]:
-    return {
+    terms = {
         PER_SEQUENCE_STATE: plan.per_sequence_reserve_bytes,
         LINEAR_STATE_POOL: plan.linear_state_pool_bytes,
         BUFFER_ARENA: plan.buffer_arena_bytes,
         RUNTIME_HEADROOM: plan.runtime_headroom_bytes,
     }
+    if plan.inputs.draft is not None:
+        terms[DRAFT_MODEL] = plan.draft_model_bytes
+    return terms
 
 
 def plan_memory(config: ModelConfig, inputs: PlanInputs) -> MemoryPlan:
@@ -195,7 +228,7 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         config, inputs.max_seq_len, inputs.spec_on, indexer_paged=inputs.indexer_paged
     )
     per_token = kv_bytes_per_token(config, inputs.dtype_bytes, indexer_paged=inputs.indexer_paged)
-    draft = MemoryPlan(
+    plan = MemoryPlan(
         inputs=inputs,
         max_batch_size=max_batch_size,
         weights=weights,
@@ -222,22 +255,30 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             dtype_bytes=inputs.dtype_bytes,
         ),
     )
-    if draft.pre_kv_bytes > budget:
+    if inputs.draft is not None:
+        plan = attrs.evolve(
+            plan,
+            draft_model_bytes=draft_model_bytes(
+                inputs.draft, inputs.dtype_bytes, inputs.max_seq_len
+            ),
+            draft_kv_bytes_per_token=draft_kv_bytes_per_token(inputs.draft, inputs.dtype_bytes),
+        )
+    if plan.pre_kv_bytes > budget:
         raise MemoryPlanError(
-            f"the weights need {_gib(draft.pre_kv_bytes)} but the budget is {_budget(inputs)}; "
+            f"the weights need {_gib(plan.pre_kv_bytes)} but the budget is {_budget(inputs)}; "
             "raise --gpu-memory-utilization, choose a smaller --dtype, or serve a smaller model",
             term="weights",
         )
-    kv_room = budget - draft.pre_kv_bytes - draft.reserve_bytes
-    blocks_fit = max(kv_room, 0) // draft.kv_block_bytes
+    kv_room = budget - plan.pre_kv_bytes - plan.reserve_bytes
+    blocks_fit = max(kv_room, 0) // plan.block_bytes
     blocks_per_seq = inputs.blocks_per_sequence
     if blocks_fit < blocks_per_seq:
-        term, size = max(_reserve_terms(draft).items(), key=lambda item: item[1])
+        term, size = max(_reserve_terms(plan).items(), key=lambda item: item[1])
         raise MemoryPlanError(
             f"one --max-seq-len={inputs.max_seq_len} sequence needs "
-            f"{_gib(blocks_per_seq * draft.kv_block_bytes)} of KV cache, but the budget "
-            f"({_budget(inputs)}) less {_gib(draft.pre_kv_bytes)} of weights and "
-            f"{_gib(draft.reserve_bytes)} of reserve (largest term: {term}, {_gib(size)}) "
+            f"{_gib(blocks_per_seq * plan.block_bytes)} of KV cache, but the budget "
+            f"({_budget(inputs)}) less {_gib(plan.pre_kv_bytes)} of weights and "
+            f"{_gib(plan.reserve_bytes)} of reserve (largest term: {term}, {_gib(size)}) "
             f"leaves {_gib(max(kv_room, 0))}; lower --max-seq-len, --max-batch-size or "
             "--max-prefill-tokens, or raise --gpu-memory-utilization",
             term="kv_cache",
@@ -246,8 +287,8 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         if inputs.num_kv_blocks > blocks_fit:
             raise MemoryPlanError(
                 f"--num-kv-blocks={inputs.num_kv_blocks} needs "
-                f"{_gib(inputs.num_kv_blocks * draft.kv_block_bytes)} but only {blocks_fit} "
-                f"blocks ({_gib(blocks_fit * draft.kv_block_bytes)}) fit in the budget "
+                f"{_gib(inputs.num_kv_blocks * plan.block_bytes)} but only {blocks_fit} "
+                f"blocks ({_gib(blocks_fit * plan.block_bytes)}) fit in the budget "
                 f"({_budget(inputs)}); lower --num-kv-blocks or raise --gpu-memory-utilization",
                 term="kv_cache",
             )
@@ -255,9 +296,9 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
     else:
         kv_blocks = min(blocks_fit, max_batch_size * blocks_per_seq)
         if inputs.kv_cache_max_bytes is not None:
-            cap_blocks = max(inputs.kv_cache_max_bytes // draft.kv_block_bytes, blocks_per_seq)
+            cap_blocks = max(inputs.kv_cache_max_bytes // plan.kv_block_bytes, blocks_per_seq)
             kv_blocks = min(kv_blocks, cap_blocks)
-    return attrs.evolve(draft, kv_blocks=kv_blocks)
+    return attrs.evolve(plan, kv_blocks=kv_blocks)
 
 
 def _gib(num_bytes: int) -> str:

@@ -108,8 +108,9 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "--speculative-config",
     default=None,
     help='Speculative decoding, as vLLM spells it: JSON such as \'{"method": "ngram", '
-    '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (n-gram prompt lookup; off by '
-    "default).",
+    '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (n-gram prompt lookup) or '
+    '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a smaller '
+    "model with the same tokenizer drafts); off by default.",
 )
 @click.option(
     "--tool-call-parser",

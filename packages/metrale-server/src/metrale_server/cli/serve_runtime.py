@@ -218,12 +218,16 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
     logger.info("max seq len: %d", engine.max_seq_len)
     speculative = engine.args.speculative_config
     if speculative is not None:
+        source = (
+            f"draft model {speculative.model}"
+            if speculative.model is not None
+            else f"lookup n = {speculative.prompt_lookup_min}..{speculative.prompt_lookup_max}"
+        )
         logger.info(
-            "speculative decoding: %s, up to %d draft tokens (lookup n = %d..%d)",
+            "speculative decoding: %s, up to %d draft tokens (%s)",
             speculative.method,
             speculative.num_speculative_tokens,
-            speculative.prompt_lookup_min,
-            speculative.prompt_lookup_max,
+            source,
         )
     logger.info(
         "structured outputs: %s; tool calls: %s; reasoning: %s",

@@ -11,7 +11,7 @@ from collections.abc import Sequence as SequenceOf
 import attrs
 
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
-from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
+from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, draft_max_seq_len, weight_owner
 from metrale_model_arch.owners import ROPE_TABLE_BUFFER
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
@@ -28,7 +28,8 @@ from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
-from metrale_server.speculative import propose_ngram
+from metrale_server.speculative import DraftModelProposer, check_same_tokenizer, propose_ngram
+from metrale_server.speculative.draft_model import draft_allocator
 from metrale_server.structured import GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
@@ -117,12 +118,14 @@ class EngineCore:
                 "speculative decoding needs a model without per-sequence state "
                 f"({loaded.config.model_type} keeps some)"
             )
+        self.draft_proposer = self._load_draft_proposer()
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
             ),
             self.block_manager,
             proposer=None if args.speculative_config is None else self._propose,
+            on_release=None if self.draft_proposer is None else self.draft_proposer.release,
         )
         self.compiler = LayerCompiler.start_if_useful(
             loaded.model, enforce_eager=args.enforce_eager
@@ -339,12 +342,54 @@ class EngineCore:
             num_accepted_by_position=tuple(by_position),
         )
 
-    def _propose(self, seq: Sequence, max_tokens: int) -> tuple[int, ...]:
-        """n-gram drafts for a sequence about to decode, when its request can take them:
-        no logprobs, penalties, logit bias or grammar, and min_tokens reached."""
+    def _load_draft_proposer(self) -> DraftModelProposer | None:
+        """The draft model of ``--speculative-config`` (method draft_model), loaded through the
+        ledger under its own owners, with its KV pool; ``None`` for any other method."""
+        speculative, draft_inputs = self.args.speculative_config, self.plan.inputs.draft
+        if speculative is None or speculative.model is None:
+            return None
+        assert draft_inputs is not None  # the plan reserved for it
+        draft = load_model(
+            speculative.model,
+            dtype=self.loaded.dtype,
+            device=self.loaded.device,
+            max_seq_len=draft_max_seq_len(draft_inputs.config, self.max_seq_len),
+            allocator=draft_allocator(self.ledger.allocate),
+            quantization=draft_inputs.quantization,
+        )
+        check_same_tokenizer(self.loaded, draft)
+        return DraftModelProposer(
+            draft,
+            num_slots=self.max_batch_size,
+            num_blocks=self.num_kv_blocks,
+            max_seq_len=self.max_seq_len,
+            block_size=self.args.block_size,
+            vocab_size=self.loaded.config.vocab_size,
+            allocator=self.ledger.allocate,
+        )
+
+    def _propose(self, seqs: list[Sequence], max_tokens: int) -> list[tuple[int, ...]]:
+        """Drafts for sequences about to decode (``()`` for those that take none)."""
         config = self.args.speculative_config
-        params = seq.params
         assert config is not None
+        limits = [min(config.num_speculative_tokens, max_tokens, self._draft_room(s)) for s in seqs]
+        if self.draft_proposer is not None:
+            return self.draft_proposer.propose(seqs, limits)
+        return [
+            propose_ngram(
+                seq.token_ids,
+                num_tokens=limit,
+                min_n=config.prompt_lookup_min,
+                max_n=config.prompt_lookup_max,
+            )
+            for seq, limit in zip(seqs, limits, strict=True)
+        ]
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """How many drafts ``seq`` can take: none for requests with logprobs, penalties,
+        logit bias or a grammar, or before min_tokens; else its room less the one token the
+        step adds after the drafts."""
+        params = seq.params
         assert params.max_tokens is not None
         if (
             params.logprobs is not None
@@ -353,15 +398,9 @@ class EngineCore:
             or seq.grammar is not None
             or seq.num_output_tokens < params.min_tokens
         ):
-            return ()
-        # Room for the drafts and the one token the step adds after them.
+            return 0
         room = min(params.max_tokens - seq.num_output_tokens, self.max_seq_len - seq.num_tokens)
-        return propose_ngram(
-            seq.token_ids,
-            num_tokens=min(config.num_speculative_tokens, max_tokens, room - 1),
-            min_n=config.prompt_lookup_min,
-            max_n=config.prompt_lookup_max,
-        )
+        return room - 1
 
     def _append(self, token: SampledToken) -> SequenceDelta:
         seq, token_id = token.seq, token.token_id

@@ -47,11 +47,14 @@ class Scheduler:
         block_manager: BlockManager,
         slots: StateSlots | None = None,
         *,
-        proposer: Callable[[Sequence, int], tuple[int, ...]] | None = None,
+        proposer: Callable[[list[Sequence], int], list[tuple[int, ...]]] | None = None,
+        on_release: Callable[[Sequence], None] | None = None,
     ) -> None:
-        """``proposer(seq, max_tokens)`` (speculative decoding) drafts tokens for a sequence
-        about to decode one token; the step then runs them too."""
+        """``proposer(seqs, max_tokens)`` (speculative decoding) drafts up to ``max_tokens``
+        tokens for each sequence about to decode one token; the step then runs them too.
+        ``on_release(seq)`` is told of each sequence about to give back its blocks and slot."""
         self.proposer = proposer
+        self.on_release = on_release
         self.config = config
         self.block_manager = block_manager
         self.slots = StateSlots(config.max_batch_size) if slots is None else slots
@@ -83,6 +86,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerStep:
         budget = self.config.max_batch_tokens
+        drafts = self._propose(budget)
         chunks: list[ScheduledChunk] = []
         copies: list[tuple[int, int]] = []
         preempted: list[str] = []
@@ -97,7 +101,8 @@ class Scheduler:
                 num_new = min(seq.num_uncomputed_tokens, budget)
                 if num_new == 0:
                     break
-                num_new += self._propose(seq, num_new, budget)
+                seq.draft_token_ids = drafts.get(seq.seq_id, ())[: budget - 1]
+                num_new += len(seq.draft_token_ids)
                 while not self.block_manager.can_append_slots(seq, num_new):
                     if seq.draft_token_ids:  # drafts are the first thing to give up
                         num_new -= len(seq.draft_token_ids)
@@ -176,13 +181,20 @@ class Scheduler:
         seq.draft_token_ids = ()
         self.block_manager.commit_computed(seq)
 
-    def _propose(self, seq: Sequence, num_new: int, budget: int) -> int:
-        """Draft tokens for a sequence decoding its next token; how many were drafted."""
-        seq.draft_token_ids = ()
-        if self.proposer is None or num_new != 1 or seq.num_uncomputed_tokens != 1:
-            return 0
-        seq.draft_token_ids = self.proposer(seq, budget - 1)
-        return len(seq.draft_token_ids)
+    def _propose(self, budget: int) -> dict[int, tuple[int, ...]]:
+        """Drafts, by sequence id, for the running sequences about to decode one token."""
+        if self.proposer is None or budget < 2:
+            return {}
+        decoding = [
+            seq
+            for group in self.running
+            for seq in group.unfinished_seqs()
+            if seq.num_uncomputed_tokens == 1
+        ]
+        if not decoding:
+            return {}
+        proposed = self.proposer(decoding, budget - 1)
+        return {seq.seq_id: drafts for seq, drafts in zip(decoding, proposed, strict=True)}
 
     def _chunk(self, group: SequenceGroup, seq: Sequence, num_new: int) -> ScheduledChunk:
         start = seq.num_computed_tokens
@@ -233,5 +245,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _free(self, seq: Sequence) -> None:
+        if self.on_release is not None:
+            self.on_release(seq)
         self.block_manager.free(seq)
         self.slots.release(seq)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import torch
 
 from metrale_config import ModelConfig, read_bool_lever
-from metrale_model_arch import Quantization
+from metrale_model_arch import Quantization, read_model_config, resolve_model
 from metrale_model_arch.memory import (
     GLM5_NEXT_MODEL_TYPES,
+    DraftInputs,
     MemoryPlan,
     PlanInputs,
+    draft_max_seq_len,
     paged_indexer_bytes_per_token,
     plan_memory,
 )
@@ -79,6 +81,10 @@ def plan_inputs(
             f"paged DSA indexer keeps each pool of {pool} tokens in one block; pass a multiple "
             f"of {pool}, or set METRALE_GLM_DSA_INDEXER_FLAT=1"
         )
+    speculative = args.speculative_config
+    draft = None
+    if speculative is not None and speculative.model is not None:
+        draft = draft_inputs(speculative.model, args.quantization, device, dtype)
     return PlanInputs(
         device_kind=device.type,
         total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
@@ -93,6 +99,22 @@ def plan_inputs(
         spec_on=args.speculative_config is not None,
         indexer_paged=paged,
         quantization=quantization,
+        draft=draft,
+    )
+
+
+def draft_inputs(
+    model: str, quantization: str, device: torch.device, dtype: torch.dtype
+) -> DraftInputs:
+    """The draft model's config and weight format: ``--quantization`` as it resolves for the
+    draft's own model type (verification keeps the output exact whatever the draft's format).
+    ``ValueError`` names the flag."""
+    try:
+        config = read_model_config(resolve_model(model))
+    except (ValueError, OSError) as error:
+        raise ValueError(f"--speculative-config model {model!r}: {error}") from error
+    return DraftInputs(
+        config=config, quantization=resolve_quantization(quantization, device, dtype, config)
     )
 
 
@@ -151,6 +173,15 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         lines.append(
             f"Linear-attention state pool: {_mb(plan.linear_state_pool_bytes)} MiB = "
             f"{plan.max_batch_size + 1} slots (one dummy) of recurrent + conv state"
+        )
+    if inputs.draft is not None:
+        draft = inputs.draft
+        lines.append(
+            f"Draft model ({draft.config.model_type}, {draft.quantization}): "
+            f"{_mb(plan.draft_model_bytes)} MiB weights; its own KV pool "
+            f"{_mb(plan.draft_kv_pool_bytes)} MiB = {plan.kv_blocks} blocks (one per KV block) "
+            f"of {plan.draft_kv_block_bytes} B; positions up to "
+            f"{draft_max_seq_len(draft.config, inputs.max_seq_len)}"
         )
     lines += [
         f"Buffer arena: {_mb(plan.buffer_arena_bytes)} MiB (step inputs for "

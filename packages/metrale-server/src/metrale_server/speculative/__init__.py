@@ -1,6 +1,14 @@
-"""Speculative decoding: the n-gram proposer and the verification of its drafts."""
+"""Speculative decoding: the n-gram and draft-model proposers, and the verification of drafts."""
 
+from metrale_server.speculative.draft_model import DraftModelProposer, check_same_tokenizer
 from metrale_server.speculative.ngram import propose_ngram
 from metrale_server.speculative.verify import target_probs, verify_greedy, verify_sampled
 
-__all__ = ["propose_ngram", "target_probs", "verify_greedy", "verify_sampled"]
+__all__ = [
+    "DraftModelProposer",
+    "check_same_tokenizer",
+    "propose_ngram",
+    "target_probs",
+    "verify_greedy",
+    "verify_sampled",
+]

@@ -1,0 +1,42 @@
+"""A speculative draft model's memory: its weights (with its RoPE table) and its own KV pool.
+
+The draft caches K/V in a paged pool of its own with as many blocks as the target's pool: a
+running sequence never needs more draft blocks than target blocks (the draft caches one
+position fewer), so each block the plan buys costs the target's block bytes plus the draft's.
+The draft's weights are reserved before the pools are sized; the pools are owners
+``kv_pool`` and ``draft_kv_pool``, the weights ``draft_model``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from metrale_config import ModelConfig
+from metrale_model_arch.memory.kv_price import kv_bytes_per_token
+from metrale_model_arch.memory.rope_table import rope_table_bytes
+from metrale_model_arch.memory.weights import weight_bytes
+from metrale_model_arch.weight_format import Quantization
+
+
+@attrs.frozen(kw_only=True)
+class DraftInputs:
+    """The draft model the plan reserves for: its config and its weights' format."""
+
+    config: ModelConfig
+    quantization: Quantization = Quantization.NONE
+
+
+def draft_max_seq_len(draft: ModelConfig, max_seq_len: int) -> int:
+    """Positions the draft caches: the serve's ``max_seq_len``, or fewer if the draft has fewer."""
+    return min(max_seq_len, draft.max_position_embeddings)
+
+
+def draft_model_bytes(draft: DraftInputs, dtype_bytes: int, max_seq_len: int) -> int:
+    """The draft's weights at ``dtype_bytes`` (or int8) plus its RoPE table."""
+    weights = weight_bytes(draft.config, dtype_bytes, draft.quantization).total()
+    return weights + rope_table_bytes(draft.config, draft_max_seq_len(draft.config, max_seq_len))
+
+
+def draft_kv_bytes_per_token(draft: DraftInputs, dtype_bytes: int) -> int:
+    """One token of the draft's paged K/V across its layers."""
+    return kv_bytes_per_token(draft.config, dtype_bytes, indexer_paged=True)

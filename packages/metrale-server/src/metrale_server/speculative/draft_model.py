@@ -1,0 +1,208 @@
+"""The draft-model proposer: a smaller model with the target's tokenizer drafts greedily.
+
+The draft caches K/V in a paged pool of its own (owner ``draft_kv_pool``) with as many blocks
+as the target's pool. Each state slot keeps the draft blocks of the sequence holding it, from
+the slot's assignment until the scheduler frees the sequence (``release``); a slot that changed
+hands (a new sequence, or a preempted one re-admitted) starts from nothing.
+
+Drafting ``k`` tokens for a batch of sequences runs ``k`` draft forwards over all of them at
+once: the first catches each sequence up on every token the draft has not cached (the prompt,
+the drafts verification kept, the token it added), each next one feeds the previous drafts.
+The draft's cache then holds every position up to the last draft but one. The next proposal
+keeps the cached positions whose tokens verification kept (the drafts that match the
+sequence's tokens) and recomputes the rest. A sequence whose blocks the draft pool cannot
+hold gets no drafts that step; its output is the same, only slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceOf
+
+import attrs
+import torch
+
+from metrale_kernels import build_attention_metadata
+from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache
+from metrale_model_arch.memory import draft_max_seq_len
+from metrale_model_arch.owners import DRAFT_KV_POOL, DRAFT_MODEL, KV_POOL
+from metrale_server.engine.sequence import Sequence
+
+# A probe the two tokenizers must split alike (letters, digits, punctuation, non-ASCII).
+TOKENIZER_PROBE = "Hello, world! The year 2026 in Zürich: naïve café — 東京 ✓"
+
+
+@attrs.define(eq=False)
+class _SlotCache:
+    """The draft's cache for the sequence holding a slot at ``ticket``: its ``blocks``, every
+    position below ``base`` (the sequence's tokens then), and ``drafts``' positions but the
+    last."""
+
+    ticket: int
+    blocks: list[int] = attrs.Factory(list)
+    base: int = 0
+    drafts: tuple[int, ...] = ()
+
+    def num_valid(self, seq: Sequence) -> int:
+        """Leading positions of ``seq`` whose K/V this cache holds (never its last token)."""
+        kept = 0
+        for draft, token in zip(self.drafts, seq.token_ids[self.base :], strict=False):
+            if draft != token:
+                break
+            kept += 1
+        valid = self.base + min(kept, max(len(self.drafts) - 1, 0))
+        return min(valid, seq.num_tokens - 1)
+
+
+@attrs.define(eq=False)
+class _Row:
+    """One sequence's drafting in a batch: feed ``new`` at positions ``start ..``."""
+
+    cache: _SlotCache
+    start: int
+    new: list[int]
+    num_drafts: int
+    drafts: list[int] = attrs.Factory(list)
+
+
+def draft_allocator(allocator: TensorAllocator) -> TensorAllocator:
+    """``allocator`` with the draft's owners: its KV pool under ``draft_kv_pool``, every other
+    tensor it allocates (weights, tables) under ``draft_model``."""
+
+    def allocate(
+        owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        return allocator(DRAFT_KV_POOL if owner == KV_POOL else DRAFT_MODEL, shape, dtype, device)
+
+    return allocate
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """``ValueError`` unless the draft tokenizes as the target does."""
+    if draft.tokenizer.vocab_size != target.tokenizer.vocab_size or draft.tokenizer.encode(
+        TOKENIZER_PROBE
+    ) != target.tokenizer.encode(TOKENIZER_PROBE):
+        raise ValueError(
+            f"--speculative-config model {draft.source.path} does not share the target's "
+            f"tokenizer (vocab {draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size}, "
+            "or different token ids for the same text)"
+        )
+
+
+class DraftModelProposer:
+    def __init__(
+        self,
+        draft: LoadedModel,
+        *,
+        num_slots: int,
+        num_blocks: int,
+        max_seq_len: int,
+        block_size: int,
+        vocab_size: int,
+        allocator: TensorAllocator,
+    ) -> None:
+        """``allocator`` is the engine's (this charges the draft's owners); ``vocab_size``
+        the target's: drafts are chosen among its ids only."""
+        self.model = draft.model
+        self.device = draft.device
+        self.block_size = block_size
+        self.max_seq_len = draft_max_seq_len(draft.config, max_seq_len)
+        self.vocab_size = min(vocab_size, draft.config.vocab_size)
+        self.kv_caches = allocate_kv_cache(
+            draft.config,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            dtype=draft.dtype,
+            device=draft.device,
+            allocator=draft_allocator(allocator),
+        )
+        self._free_blocks = list(range(num_blocks - 1, -1, -1))
+        self._slots: list[_SlotCache | None] = [None] * num_slots
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` gives back its slot: the draft blocks the slot holds return to the pool."""
+        if seq.slot is None:
+            return
+        cache = self._slots[seq.slot]
+        if cache is not None and cache.ticket == seq.slot_ticket:
+            self._free_blocks += reversed(cache.blocks)
+            self._slots[seq.slot] = None
+
+    @torch.inference_mode()
+    def propose(
+        self, seqs: SequenceOf[Sequence], num_tokens: SequenceOf[int]
+    ) -> list[tuple[int, ...]]:
+        """Up to ``num_tokens[i]`` greedy drafts to follow ``seqs[i]``'s tokens (fewer near
+        the draft's position limit; none without a slot or draft blocks)."""
+        rows: dict[int, _Row] = {}
+        for index, (seq, limit) in enumerate(zip(seqs, num_tokens, strict=True)):
+            row = self._row(seq, limit)
+            if row is not None:
+                rows[index] = row
+        for step in range(max((row.num_drafts for row in rows.values()), default=0)):
+            self._draft_step([row for row in rows.values() if row.num_drafts > step])
+        for index, row in rows.items():
+            row.cache.base, row.cache.drafts = seqs[index].num_tokens, tuple(row.drafts)
+        return [tuple(rows[i].drafts) if i in rows else () for i in range(len(seqs))]
+
+    def _row(self, seq: Sequence, max_tokens: int) -> _Row | None:
+        # Drafting k tokens caches positions up to num_tokens + k - 2, below the draft's limit.
+        num_drafts = min(max_tokens, self.max_seq_len - seq.num_tokens + 1)
+        if seq.slot is None or num_drafts < 1:
+            return None
+        cache = self._slots[seq.slot]
+        if cache is None or cache.ticket != seq.slot_ticket:
+            if cache is not None:
+                self._free_blocks += reversed(cache.blocks)
+            cache = self._slots[seq.slot] = _SlotCache(ticket=seq.slot_ticket)
+        if not self._grow(cache, seq.num_tokens + num_drafts - 1):
+            return None
+        start = cache.num_valid(seq)
+        return _Row(cache=cache, start=start, new=seq.token_ids[start:], num_drafts=num_drafts)
+
+    def _grow(self, cache: _SlotCache, num_positions: int) -> bool:
+        """Give ``cache`` blocks for ``num_positions``; ``False`` (nothing taken) if the pool
+        has too few."""
+        needed = -(-num_positions // self.block_size) - len(cache.blocks)
+        if needed > len(self._free_blocks):
+            return False
+        for _ in range(max(needed, 0)):
+            cache.blocks.append(self._free_blocks.pop())
+        return True
+
+    def _draft_step(self, rows: list[_Row]) -> None:
+        """One draft forward over ``rows``: each feeds its ``new`` tokens and drafts one."""
+        metadata = build_attention_metadata(
+            block_tables=[row.cache.blocks for row in rows],
+            seq_lens=[row.start + len(row.new) for row in rows],
+            query_lens=[len(row.new) for row in rows],
+            block_size=self.block_size,
+            device=self.device,
+        )
+        input_ids = torch.tensor(
+            [t for row in rows for t in row.new], dtype=torch.int64, device=self.device
+        )
+        positions = torch.tensor(
+            [p for row in rows for p in range(row.start, row.start + len(row.new))],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        last = torch.tensor(_last_indices([len(row.new) for row in rows]), device=self.device)
+        logits = self.model.compute_logits(hidden[last])
+        tokens = logits[:, : self.vocab_size].argmax(dim=-1).tolist()
+        for row, token in zip(rows, tokens, strict=True):
+            row.drafts.append(int(token))
+            row.start, row.new = row.start + len(row.new), [int(token)]
+
+
+def _last_indices(query_lens: list[int]) -> list[int]:
+    """The flat index of each row's last token."""
+    indices, end = [], 0
+    for length in query_lens:
+        end += length
+        indices.append(end - 1)
+    return indices
