@@ -195,6 +195,25 @@ def test_a_tiny_model_dir_plan_equals_the_plan_functions(
     )
 
 
+def test_a_draft_model_is_planned_from_the_flag(runner: CliRunner, tiny_model_dir: Path) -> None:
+    """``--speculative-config`` shapes ``met memory``'s plan as it does the serve's: the draft's
+    weights and one draft block per KV block (here the tiny model drafts for itself)."""
+    flags = ("--max-seq-len", "128", "--max-batch-size", "3", "--quantization", "none")
+    plain = memory_json(runner, str(tiny_model_dir), *flags)["by_owner"]
+    speculative = json.dumps(
+        {"method": "draft_model", "model": str(tiny_model_dir), "num_speculative_tokens": 3}
+    )
+    owners = memory_json(runner, str(tiny_model_dir), *flags, "--speculative-config", speculative)[
+        "by_owner"
+    ]
+    assert owners["draft_kv_pool"] == owners[KV_POOL] == plain[KV_POOL]
+    draft_weights = sum(plain[name] for name in WEIGHT_OWNERS) + plain["rope_table"]
+    assert owners["draft_model"] == draft_weights
+    bad = memory(runner, str(tiny_model_dir), "--speculative-config", '{"method": "beam"}')
+    assert bad.exit_code == 2
+    assert "--speculative-config" in bad.stderr
+
+
 def test_auto_picks_the_count_that_admits_the_most(runner: CliRunner) -> None:
     flags = ("--device", "cpu", "--device-memory-gib", "4", "--max-seq-len", "8192")
     result = memory(runner, *flags, "--max-batch-size", "auto")

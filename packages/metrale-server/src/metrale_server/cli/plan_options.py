@@ -14,6 +14,7 @@ import attrs
 import click
 
 from metrale_server.args import DTYPE_NAMES, QUANTIZATION_CHOICES, EngineArgs
+from metrale_server.speculative_config import SpeculativeConfig
 
 _DEFAULTS = EngineArgs()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -50,6 +51,7 @@ class PlanOptions:
     dtype: str
     quantization: str
     device: str
+    speculative_config: SpeculativeConfig | None
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -64,6 +66,7 @@ class PlanOptions:
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            speculative_config=self.speculative_config,
             **fields,
         )
 
@@ -71,10 +74,21 @@ class PlanOptions:
 _PLAN_FIELDS = tuple(field.name for field in attrs.fields(PlanOptions))
 
 
+def _speculative_config(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> SpeculativeConfig | None:
+    if value is None:
+        return None
+    try:
+        return SpeculativeConfig.from_json(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx=ctx, param=param) from error
+
+
 def plan_options(command: F) -> F:
     """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
     ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype``,
-    ``--quantization`` and ``--device``."""
+    ``--quantization``, ``--device`` and ``--speculative-config``."""
     options = [
         click.option(
             "--max-seq-len",
@@ -150,6 +164,16 @@ def plan_options(command: F) -> F:
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
+        ),
+        click.option(
+            "--speculative-config",
+            default=None,
+            callback=_speculative_config,
+            help='Speculative decoding, as vLLM spells it: JSON such as \'{"method": "ngram", '
+            '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (n-gram prompt lookup) or '
+            '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a '
+            "smaller model with the same tokenizer drafts; its weights and KV pool are "
+            "planned); off by default.",
         ),
     ]
 

@@ -15,7 +15,6 @@ from metrale_server.args import EngineArgs
 from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
-from metrale_server.speculative_config import SpeculativeConfig
 
 _ENGINE_DEFAULTS = EngineArgs()
 _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
@@ -105,14 +104,6 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     help="A Jinja2 chat template FILE to use instead of the model's own.",
 )
 @click.option(
-    "--speculative-config",
-    default=None,
-    help='Speculative decoding, as vLLM spells it: JSON such as \'{"method": "ngram", '
-    '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (n-gram prompt lookup) or '
-    '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a smaller '
-    "model with the same tokenizer drafts); off by default.",
-)
-@click.option(
     "--tool-call-parser",
     type=click.Choice(TOOL_CALL_PARSER_NAMES),
     default=None,
@@ -158,7 +149,6 @@ def serve(
     drain_timeout: float,
     seed: int,
     chat_template: Path | None,
-    speculative_config: str | None,
     tool_call_parser: str | None,
     enable_auto_tool_choice: bool,
     reasoning_parser: str | None,
@@ -187,12 +177,6 @@ def serve(
             keys += read_api_key_file(api_key_file)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--api-key-file'") from error
-    speculative = None
-    if speculative_config is not None:
-        try:
-            speculative = SpeculativeConfig.from_json(speculative_config)
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="'--speculative-config'") from error
     if enable_auto_tool_choice and tool_call_parser is None:
         raise click.BadParameter(
             "needs --tool-call-parser to say how the model writes its calls",
@@ -222,7 +206,6 @@ def serve(
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
             seed=seed,
-            speculative_config=speculative,
         ),
         served_model_name=served_model_name or default_served_model_name(source),
         host=host,
