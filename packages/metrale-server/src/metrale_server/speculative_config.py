@@ -9,7 +9,14 @@ import attrs
 
 METHODS = ("ngram", "draft_model")
 NOT_BUILT_METHODS = ("mtp", "eagle", "medusa")
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+KEYS = (
+    "method",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "model",
+    "quantization",
+)
 INTEGER_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -22,7 +29,8 @@ class SpeculativeConfig:
     ``ngram`` (prompt lookup) drafts the tokens that followed the most recent earlier
     occurrence of the sequence's last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens;
     ``draft_model`` drafts greedily with the smaller model at ``model`` (a directory or GGUF
-    file, as ``--model`` takes it), which must share the target's tokenizer.
+    file, as ``--model`` takes it), which must share the target's tokenizer, its weights in
+    ``quantization`` (as ``--quantization`` takes it; ``None``: the target's ``--quantization``).
     """
 
     method: str = "ngram"
@@ -30,8 +38,11 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None
+    quantization: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        from metrale_server.args import QUANTIZATION_CHOICES  # args imports this module
+
         if self.method in NOT_BUILT_METHODS:
             raise ValueError(
                 f"method {self.method!r} is not built yet; this server has {' and '.join(METHODS)}"
@@ -50,8 +61,15 @@ class SpeculativeConfig:
             )
         if self.method == "draft_model" and not self.model:
             raise ValueError("method draft_model needs model: the draft model's path")
-        if self.method != "draft_model" and self.model is not None:
-            raise ValueError(f"model is for method draft_model, not {self.method}")
+        if self.method != "draft_model" and (self.model, self.quantization) != (None, None):
+            raise ValueError(
+                f"model and quantization are for method draft_model, not {self.method}"
+            )
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                f"got {self.quantization!r}"
+            )
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
@@ -70,6 +88,8 @@ class SpeculativeConfig:
                 raise ValueError(f"{key} must be an integer")
         if "model" in value and not isinstance(value["model"], str):
             raise ValueError("model must be a string (a path)")
+        if "quantization" in value and not isinstance(value["quantization"], str):
+            raise ValueError("quantization must be a string")
         if "method" not in value:
             raise ValueError("method is required")
         num_tokens: int = value.get("num_speculative_tokens", 4)
@@ -79,4 +99,5 @@ class SpeculativeConfig:
             prompt_lookup_min=value.get("prompt_lookup_min", 1),
             prompt_lookup_max=value.get("prompt_lookup_max", num_tokens),
             model=value.get("model"),
+            quantization=value.get("quantization"),
         )

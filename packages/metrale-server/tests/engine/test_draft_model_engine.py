@@ -9,10 +9,11 @@ import random
 import shutil
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
-from metrale_model_arch import Tokenizer
+from metrale_model_arch import Quantization, Tokenizer
 from metrale_model_arch.memory import DRAFT_KV_POOL, DRAFT_MODEL
 from metrale_server import LLM, Engine, EngineArgs, SamplingParams
 from metrale_server.output.outputs import RequestOutput
@@ -147,6 +148,26 @@ def test_the_draft_is_planned_and_charged_to_its_own_owners(
     assert plan.kv_blocks * (plan.kv_block_bytes + 16 * 2 * 16 * 4) == (
         live["kv_pool"] + live[DRAFT_KV_POOL]
     )
+
+
+def test_the_draft_takes_its_own_quantization(tiny_model_dir: Path, other_draft_dir: Path) -> None:
+    speculative = attrs.evolve(draft_config(other_draft_dir), quantization="int8")
+    engine = Engine(
+        EngineArgs(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            quantization="none",
+            device="cpu",
+            max_seq_len=MAX_SEQ_LEN,
+            max_batch_size=2,
+            speculative_config=speculative,
+        )
+    )
+    draft = engine.plan.inputs.draft
+    assert draft is not None
+    assert draft.quantization == Quantization.INT8
+    assert engine.loaded.quantization == Quantization.NONE
+    assert engine.ledger.live_bytes_by_owner() == engine.plan.allocated_by_owner()
 
 
 def test_a_draft_with_another_tokenizer_is_refused(

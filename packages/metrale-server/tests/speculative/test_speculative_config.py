@@ -27,6 +27,11 @@ def test_a_draft_model_config_parses() -> None:
         "/models/small",
         3,
     )
+    assert config.quantization is None
+    quantized = SpeculativeConfig.from_json(
+        '{"method": "draft_model", "model": "/models/small", "quantization": "int8"}'
+    )
+    assert quantized.quantization == "int8"
 
 
 @pytest.mark.parametrize(
@@ -42,7 +47,9 @@ def test_a_draft_model_config_parses() -> None:
         ('{"method": "ngram", "num_speculative_tokens": 0}', "1..16"),
         ('{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "lookup_min"),
         ('{"method": "ngram", "num_speculative_tokens": "4"}', "must be an integer"),
-        ('{"method": "ngram", "model": "x"}', "model is for method draft_model"),
+        ('{"method": "ngram", "model": "x"}', "model and quantization are for method draft_model"),
+        ('{"method": "draft_model", "model": "x", "quantization": "int4"}', "must be one of"),
+        ('{"method": "draft_model", "model": "x", "quantization": 8}', "must be a string"),
         ('{"method": "ngram", "draft": "x"}', "unknown keys draft"),
     ],
 )

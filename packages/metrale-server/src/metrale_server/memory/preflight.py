@@ -84,7 +84,8 @@ def plan_inputs(
     speculative = args.speculative_config
     draft = None
     if speculative is not None and speculative.model is not None:
-        draft = draft_inputs(speculative.model, args.quantization, device, dtype)
+        quantization_spec = speculative.quantization or args.quantization
+        draft = draft_inputs(speculative.model, quantization_spec, device, dtype)
     return PlanInputs(
         device_kind=device.type,
         total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
@@ -106,7 +107,7 @@ def plan_inputs(
 def draft_inputs(
     model: str, quantization: str, device: torch.device, dtype: torch.dtype
 ) -> DraftInputs:
-    """The draft model's config and weight format: ``--quantization`` as it resolves for the
+    """The draft model's config and weight format: ``quantization`` as it resolves for the
     draft's own model type (verification keeps the output exact whatever the draft's format).
     ``ValueError`` names the flag."""
     try:
