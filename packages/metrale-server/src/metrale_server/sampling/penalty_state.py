@@ -34,7 +34,10 @@ class PenaltyState:
         )
         self._vocab_size = vocab_size
 
+    @torch.inference_mode()
     def add_output_token(self, token_id: int) -> None:
+        # The state is built inside the runner's inference mode: its tensors are inference
+        # tensors, which only inference mode may update in place.
         if 0 <= token_id < self._vocab_size:
             self.seen[token_id] = True
             self.output_counts[token_id] += 1.0
