@@ -105,6 +105,28 @@ def test_another_draft_model_changes_nothing_but_the_speed(
     assert stats.num_accepted_tokens < stats.num_draft_tokens
 
 
+def test_logprobs_with_drafts_are_plain_decodings(tiny_model_dir: Path) -> None:
+    """Logprobs of kept drafts and of the token after them, as plain decoding reports them."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
+    batch = prompts(8, seed=3)
+    expected = [output.outputs[0] for output in llm(tiny_model_dir).generate(batch, params)]
+    speculative = llm(tiny_model_dir, speculative_config=draft_config(tiny_model_dir))
+    got = [output.outputs[0] for output in speculative.generate(batch, params)]
+    assert speculative.engine.stats.num_accepted_tokens > 100
+    for ours, theirs in zip(got, expected, strict=True):
+        assert ours.token_ids == theirs.token_ids
+        assert ours.logprobs is not None
+        assert theirs.logprobs is not None
+        assert len(ours.logprobs) == len(theirs.logprobs) == 24
+        for mine, reference in zip(ours.logprobs, theirs.logprobs, strict=True):
+            assert mine.token_id == reference.token_id
+            assert mine.logprob == pytest.approx(reference.logprob, abs=1e-4)
+            assert [t for t, _ in mine.top] == [t for t, _ in reference.top]
+            assert [v for _, v in mine.top] == pytest.approx(
+                [v for _, v in reference.top], abs=1e-4
+            )
+
+
 def test_greedy_is_identical_under_preemption(
     tiny_model_dir: Path, plain: list[tuple[int, ...]]
 ) -> None:

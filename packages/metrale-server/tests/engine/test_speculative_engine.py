@@ -90,7 +90,7 @@ def test_sampled_outputs_keep_their_lengths_and_stops(speculative: LLM) -> None:
 
 def test_requests_that_need_every_step_are_not_drafted(speculative: LLM) -> None:
     before = speculative.engine.stats.num_draft_tokens
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, presence_penalty=0.5)
     [output] = speculative.generate(grounded_prompts(1, seed=3), params)
-    assert len(output.outputs[0].logprobs or ()) == 12
+    assert len(output.outputs[0].token_ids) == 12
     assert speculative.engine.stats.num_draft_tokens == before

@@ -26,6 +26,7 @@ from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
+from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
 from metrale_server.speculative import DraftModelProposer, check_same_tokenizer, propose_ngram
@@ -324,9 +325,13 @@ class EngineCore:
             self._count_drafts(num_drafts, num_kept)
         if len(appended) == 1:
             return appended[0]
-        last = appended[-1]
+        logprobs: list[TokenLogprob] = []
+        for delta in appended:
+            logprobs += delta.new_logprobs or ()
         return attrs.evolve(
-            last, new_token_ids=tuple(t for delta in appended for t in delta.new_token_ids)
+            appended[-1],
+            new_token_ids=tuple(t for delta in appended for t in delta.new_token_ids),
+            new_logprobs=tuple(logprobs) if seq.params.logprobs is not None else None,
         )
 
     def _count_drafts(self, num_drafts: int, num_kept: int) -> None:
@@ -386,14 +391,13 @@ class EngineCore:
         ]
 
     def _draft_room(self, seq: Sequence) -> int:
-        """How many drafts ``seq`` can take: none for requests with logprobs, penalties,
-        logit bias or a grammar, or before min_tokens; else its room less the one token the
-        step adds after the drafts."""
+        """How many drafts ``seq`` can take: none for requests with penalties, logit bias or
+        a grammar, or before min_tokens; else its room less the one token the step adds after
+        the drafts."""
         params = seq.params
         assert params.max_tokens is not None
         if (
-            params.logprobs is not None
-            or has_penalty(params)
+            has_penalty(params)
             or params.logit_bias
             or seq.grammar is not None
             or seq.num_output_tokens < params.min_tokens

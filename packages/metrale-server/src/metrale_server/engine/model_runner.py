@@ -13,6 +13,7 @@ from metrale_server.engine.block_table import PersistentBlockTable
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence
 from metrale_server.output.outputs import TokenLogprob
+from metrale_server.sampling.logprobs import compute_logprob_tensors
 from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.sampling.sampler import sample
 from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sampling_batch
@@ -233,14 +234,37 @@ class ModelRunner:
         ] + drafted
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[SampledToken]:
-        """The tokens a sequence with drafts emits: the drafts kept, then one more."""
+        """The tokens a sequence with drafts emits: the drafts kept, then one more, with their
+        logprobs when the request asks (a drafted request has no logit processing, so they are
+        the log-softmax of its logits, as plain decoding reports them)."""
         params = seq.params
         if params.is_greedy:
             emitted = verify_greedy(logits, seq.draft_token_ids)
         else:
             generator = self._generator if seq.generator is None else seq.generator
             emitted = verify_sampled(target_probs(logits, params), seq.draft_token_ids, generator)
-        return [SampledToken(seq=seq, token_id=token_id) for token_id in emitted]
+        if params.logprobs is None:
+            return [SampledToken(seq=seq, token_id=token_id) for token_id in emitted]
+        chosen = torch.tensor(emitted, dtype=torch.int64, device=logits.device)
+        tensors = compute_logprob_tensors(
+            torch.log_softmax(logits[: len(emitted)], dim=-1), chosen, params.logprobs
+        )
+        return [
+            SampledToken(
+                seq=seq,
+                token_id=token_id,
+                logprob=TokenLogprob(
+                    token_id=token_id, logprob=logprob, top=tuple(zip(top_ids, top, strict=True))
+                ),
+            )
+            for token_id, logprob, top_ids, top in zip(
+                emitted,
+                tensors.chosen_logprobs.tolist(),
+                tensors.top_token_ids.tolist(),
+                tensors.top_logprobs.tolist(),
+                strict=True,
+            )
+        ]
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         if seq.penalty is None and has_penalty(seq.params):
