@@ -112,8 +112,8 @@ def check_source(
     except CompileError as error:
         return CheckResult(source=source.name, arch=arch, compiler=name, error=str(error))
     missing = sorted(set(source.functions) - set(_ENTRY.findall(ptx)))
-    error = f"kernels missing from the PTX: {', '.join(missing)}" if missing else None
-    return CheckResult(source=source.name, arch=arch, compiler=name, error=error)
+    problem = f"kernels missing from the PTX: {', '.join(missing)}" if missing else None
+    return CheckResult(source=source.name, arch=arch, compiler=name, error=problem)
 
 
 def check_sources(
