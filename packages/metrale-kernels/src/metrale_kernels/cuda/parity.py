@@ -1,0 +1,319 @@
+"""Each CUDA kernel against its torch reference on random inputs, on a CUDA device.
+
+Shared by the GPU tests and ``benches/cuda_check.py``: a case builds its inputs with a seeded
+generator, runs the op through :class:`TorchBackend` and :class:`CupyBackend` on the same
+device, and reports the largest difference against the dtype's tolerance. Paged caches are
+NaN-poisoned everywhere except the slots that hold a sequence's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
+from metrale_kernels.backend import KernelBackend, TorchBackend
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@attrs.frozen(kw_only=True)
+class ParityResult:
+    case: str
+    max_abs_error: float
+    tolerance: float
+
+    @property
+    def is_ok(self) -> bool:
+        # NaN anywhere makes the error NaN, which fails this comparison.
+        return self.max_abs_error <= self.tolerance
+
+    def line(self) -> str:
+        status = "ok" if self.is_ok else "MISMATCH"
+        return (
+            f"{self.case:<48} max |diff| {self.max_abs_error:.3g} (tol {self.tolerance:g}) {status}"
+        )
+
+
+def _max_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return float("nan")
+    return float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class PagedBatch:
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    metadata: AttentionMetadata
+
+
+def paged_batch(
+    *,
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int = 16,
+    seed: int = 0,
+) -> PagedBatch:
+    """A ragged batch over shuffled cache blocks; every slot outside a context is NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, start = [], 0
+    for n in blocks_per_seq:
+        tables.append(order[start : start + n])
+        start += n
+    metadata = build_attention_metadata(
+        block_tables=tables,
+        seq_lens=seq_lens,
+        query_lens=list(seq_lens),
+        block_size=block_size,
+        device=device,
+    )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    num_tokens = sum(seq_lens)
+    keys = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    values = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    TorchBackend().write_kv(
+        keys.to(device, dtype), values.to(device, dtype), k_cache, v_cache, metadata.slot_mapping
+    )
+    step = build_attention_metadata(
+        block_tables=tables,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        block_size=block_size,
+        device=device,
+    )
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator)
+    return PagedBatch(q=q.to(device, dtype), k_cache=k_cache, v_cache=v_cache, metadata=step)
+
+
+def _attention_case(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    sliding_window: int | None,
+) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    def run(
+        reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+    ) -> float:
+        batch = paged_batch(
+            seq_lens=seq_lens,
+            query_lens=query_lens,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        scale = head_dim**-0.5
+        args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window)
+        return _max_error(cupy.paged_attention(*args), reference.paged_attention(*args))
+
+    return run
+
+
+def _rms_norm(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 3 * 576, generator=generator).to(device, dtype)[:, 100:676]
+    weight = (torch.rand(576, generator=generator) + 0.5).to(device, dtype)
+    heads = torch.randn(5, 9 * 64 + 17, generator=generator).to(device, dtype)
+    per_head = heads[:, :576].view(5, 9, 64)
+    head_weight = weight[:64]
+    return max(
+        _max_error(cupy.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6)),
+        _max_error(
+            cupy.rms_norm(per_head, head_weight, 1e-5),
+            reference.rms_norm(per_head, head_weight, 1e-5),
+        ),
+    )
+
+
+def _add_rms_norm(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(2)
+    x, residual = (torch.randn(29, 1000, generator=generator).to(device, dtype) for _ in range(2))
+    weight = (torch.rand(1000, generator=generator) + 0.5).to(device, dtype)
+    got = cupy.add_rms_norm(x, residual, weight, 1e-6)
+    want = reference.add_rms_norm(x, residual, weight, 1e-6)
+    return max(_max_error(got[0], want[0]), _max_error(got[1], want[1]))
+
+
+def _silu_and_mul(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(41, 2 * 1536, generator=generator).to(device, dtype)
+    batched = torch.randn(3, 7, 2 * 96, generator=generator).to(device, dtype)
+    return max(
+        _max_error(cupy.silu_and_mul(x), reference.silu_and_mul(x)),
+        _max_error(cupy.silu_and_mul(batched), reference.silu_and_mul(batched)),
+    )
+
+
+def _rotary(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
+
+    generator = torch.Generator().manual_seed(4)
+    head_dim, num_heads, num_kv_heads, num_tokens = 64, 9, 3, 23
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator)
+    qkv = qkv.to(device, dtype)
+    q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim]
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=generator).to(device)
+    table = cos_sin_cache(default_inv_freq(head_dim, 10000.0), 4096).to(device)
+    got = cupy.apply_rotary(q, k, positions, table)
+    want = reference.apply_rotary(q, k, positions, table)
+    return max(_max_error(got[0], want[0]), _max_error(got[1], want[1]))
+
+
+def _write_kv(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(5)
+    num_kv_heads, head_dim = 4, 64
+    kv = torch.randn(19, 2, num_kv_heads, 2 * head_dim, generator=generator).to(device, dtype)
+    key, value = kv[:, 0, :, :head_dim], kv[:, 1, :, head_dim:]
+    slots = torch.randperm(10 * 16, generator=generator)[:19].to(device)
+    caches = [
+        torch.full((10, 16, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=device)
+        for _ in range(4)
+    ]
+    cupy.write_kv(key, value, caches[0], caches[1], slots)
+    reference.write_kv(key, value, caches[2], caches[3], slots)
+    # Unwritten slots stay NaN in both: compare where the reference wrote.
+    written = ~caches[2].isnan()
+    if not torch.equal(written, ~caches[0].isnan()):
+        return float("nan")
+    return max(
+        _max_error(caches[0][written], caches[2][written]),
+        _max_error(caches[1][written], caches[3][written]),
+    )
+
+
+def _softmax_topk(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(6)
+    worst = 0.0
+    for num_experts, top_k, renormalize in ((8, 2, True), (128, 8, False), (60, 4, True)):
+        logits = torch.randn(33, num_experts, generator=generator).to(device, dtype)
+        got_w, got_ids = cupy.softmax_topk_routing(logits, top_k, renormalize)
+        want_w, want_ids = reference.softmax_topk_routing(logits, top_k, renormalize)
+        if not torch.equal(got_ids, want_ids):
+            return float("nan")
+        worst = max(worst, _max_error(got_w, want_w))
+    return worst
+
+
+Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
+CASES: dict[str, Case] = {
+    "rms_norm": _rms_norm,
+    "add_rms_norm": _add_rms_norm,
+    "silu_and_mul": _silu_and_mul,
+    "rotary": _rotary,
+    "write_kv": _write_kv,
+    "softmax_topk_routing": _softmax_topk,
+    "decode ragged gqa4": _attention_case([1, 17, 300, 2049], [1, 1, 1, 1], 8, 2, 64, None),
+    "decode mha hd128": _attention_case([5, 700], [1, 1], 4, 4, 128, None),
+    "decode gqa8 window": _attention_case([40, 1000, 5000], [1, 1, 1], 16, 2, 128, 512),
+    "decode long split-K": _attention_case([9000], [1], 9, 3, 64, None),
+    "prefill ragged": _attention_case([33, 130, 7], [33, 130, 7], 9, 3, 64, None),
+    "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
+    "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
+}
+
+
+def run_case(name: str, dtype: torch.dtype, device: torch.device | str = "cuda") -> ParityResult:
+    from metrale_kernels.cuda.backend import CupyBackend
+
+    device = torch.device(device)
+    error = CASES[name](TorchBackend(), CupyBackend(), dtype, device)
+    tolerance = TOLERANCE[dtype]
+    if name == "write_kv":
+        tolerance = 0.0
+    return ParityResult(
+        case=f"{name} [{str(dtype).removeprefix('torch.')}]",
+        max_abs_error=error,
+        tolerance=tolerance,
+    )
+
+
+def run_all(device: torch.device | str = "cuda") -> list[ParityResult]:
+    return [run_case(name, dtype, device) for name in CASES for dtype in DTYPES]
+
+
+def attention_batch_invariance(
+    dtype: torch.dtype, device: torch.device | str = "cuda", num_others: tuple[int, ...] = (7, 63)
+) -> bool:
+    """Whether one sequence's decode and prefill rows come out bit-identical alone and among
+    ``num_others`` other sequences of random lengths (its own inputs the same each time)."""
+    from metrale_kernels.cuda.backend import CupyBackend
+
+    device = torch.device(device)
+    backend = CupyBackend()
+    generator = torch.Generator().manual_seed(7)
+    outputs = []
+    for others in (0, *num_others):
+        lengths = torch.randint(1, 3000, (others,), generator=generator).tolist()
+        # The sequence under test goes first: its rows of q and out are the same rows.
+        for query_len in (1, 37):
+            batch = paged_batch(
+                seq_lens=[1500, *lengths],
+                query_lens=[query_len] + [1] * others,
+                num_heads=8,
+                num_kv_heads=2,
+                head_dim=64,
+                dtype=dtype,
+                device=device,
+                seed=0,
+            )
+            alone = paged_batch(
+                seq_lens=[1500],
+                query_lens=[query_len],
+                num_heads=8,
+                num_kv_heads=2,
+                head_dim=64,
+                dtype=dtype,
+                device=device,
+                seed=0,
+            )
+            # The same q and context for the sequence under test, wherever its blocks are.
+            q = batch.q.clone()
+            q[:query_len] = alone.q
+            _copy_context(alone, batch)
+            out = backend.paged_attention(q, batch.k_cache, batch.v_cache, batch.metadata, 0.125)
+            outputs.append((query_len, out[:query_len]))
+    return all(
+        torch.equal(out, next(o for n, o in outputs if n == query_len))
+        for query_len, out in outputs
+    )
+
+
+def _copy_context(source: PagedBatch, target: PagedBatch) -> None:
+    """Sequence 0's cached K/V of ``source`` into sequence 0's blocks of ``target``."""
+    for column in range(-(-source.metadata.seq_lens[0] // source.metadata.block_size)):
+        src = int(source.metadata.block_tables[0, column])
+        dst = int(target.metadata.block_tables[0, column])
+        target.k_cache[dst] = source.k_cache[src]
+        target.v_cache[dst] = source.v_cache[src]
