@@ -41,7 +41,9 @@ class CheckResult:
         return self.error is None
 
     def line(self) -> str:
-        status = "OK" if self.error is None else f"error: {self.error}"
+        # One line, whatever the compiler's log spans.
+        log = "; ".join(part.strip() for part in (self.error or "").splitlines() if part.strip())
+        status = "OK" if self.error is None else f"error: {log}"
         return f"{self.source:<18} {self.arch:<6} {self.compiler:<6} {status}"
 
 
