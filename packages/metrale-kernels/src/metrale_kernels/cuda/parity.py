@@ -121,8 +121,19 @@ def _attention_case(
             device=device,
         )
         scale = head_dim**-0.5
-        args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window)
-        return _max_error(cupy.paged_attention(*args), reference.paged_attention(*args))
+        got = cupy.paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
+        )
+        # The reference in float32, rounded once: the tolerance is then the kernel's alone.
+        want = reference.paged_attention(
+            batch.q.float(),
+            batch.k_cache.float(),
+            batch.v_cache.float(),
+            batch.metadata,
+            scale,
+            sliding_window,
+        )
+        return _max_error(got, want.to(dtype))
 
     return run
 
@@ -226,6 +237,42 @@ def _softmax_topk(
     return worst
 
 
+def _sparse_latent_case(
+    num_heads: int, rank: int, seq_len: int, kpool: int, topk_pools: int
+) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    def run(
+        reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+    ) -> float:
+        from metrale_kernels.dsa import select_positions
+
+        generator = torch.Generator().manual_seed(8)
+        block_size = 16
+        num_blocks = -(-seq_len // block_size) + 2
+        table = torch.randperm(num_blocks, generator=generator)[: -(-seq_len // block_size)]
+        latent = torch.full((num_blocks, block_size, rank), float("nan"))
+        slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:seq_len]
+        latent.view(-1, rank)[slots] = torch.randn(seq_len, rank, generator=generator)
+        positions = torch.tensor([0, 1, kpool - 1, seq_len // 2, seq_len - 1])
+        scores = torch.randn(len(positions), seq_len // kpool, generator=generator)
+        selected = select_positions(
+            scores, positions, kpool=kpool, topk_pools=topk_pools, select_tail=True
+        )
+        selected[1] = -1  # a query that selected nothing
+        q = torch.randn(len(positions), num_heads, rank, generator=generator)
+        scale = rank**-0.5
+        got = cupy.sparse_latent_attention(
+            q.to(device, dtype), latent.to(device, dtype), table.to(device), selected.to(device),
+            scale,
+        )  # fmt: skip
+        want = reference.sparse_latent_attention(
+            q.to(device, dtype).float(), latent.to(device, dtype).float(), table.to(device),
+            selected.to(device), scale,
+        )  # fmt: skip
+        return _max_error(got, want.to(dtype))
+
+    return run
+
+
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
@@ -241,6 +288,8 @@ CASES: dict[str, Case] = {
     "prefill ragged": _attention_case([33, 130, 7], [33, 130, 7], 9, 3, 64, None),
     "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
     "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
+    "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
+    "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
 }
 
 

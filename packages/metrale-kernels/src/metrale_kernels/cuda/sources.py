@@ -39,6 +39,7 @@ KERNEL_SOURCES = (
         functions=_per_dtype("paged_attention_partial", "paged_attention_combine"),
     ),
     KernelSource(name="moe_routing", functions=_per_dtype("softmax_topk")),
+    KernelSource(name="dsa", functions=_per_dtype("sparse_latent_attention")),
 )
 SOURCES_BY_NAME = {source.name: source for source in KERNEL_SOURCES}
 
