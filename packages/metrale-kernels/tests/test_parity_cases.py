@@ -3,11 +3,13 @@ sound before a GPU runs them): every case gives no difference."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from metrale_kernels import TorchBackend
-from metrale_kernels.cuda.parity import CASES, paged_batch
+from metrale_kernels.cuda.parity import CASES, TOLERANCE, ParityResult, paged_batch
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -24,3 +26,20 @@ def test_paged_batch_poisons_every_slot_outside_the_contexts() -> None:
     finite = batch.k_cache.isfinite().all(dim=(-2, -1)).sum()
     assert int(finite) == 25
     assert batch.q.shape == (5, 4, 8)
+
+
+class SkewedAttention(TorchBackend):
+    """Attends like the reference, then shifts every output a little: a kernel bug."""
+
+    def paged_attention(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return super().paged_attention(*args, **kwargs) + 1e-2
+
+
+def test_a_skewed_kernel_is_reported() -> None:
+    error = CASES["decode ragged gqa4"](
+        TorchBackend(), SkewedAttention(), torch.float32, torch.device("cpu")
+    )
+    result = ParityResult(case="skewed", max_error=error, tolerance=TOLERANCE[torch.float32])
+    assert not result.is_ok
+    assert "MISMATCH" in result.line()
+    assert not ParityResult(case="nan", max_error=float("nan"), tolerance=1.0).is_ok

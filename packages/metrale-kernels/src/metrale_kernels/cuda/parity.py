@@ -16,6 +16,7 @@ import torch
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
 
+# On the error ``|got - want| / (1 + |want|)``: a few units in the last place of the dtype.
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -23,25 +24,27 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @attrs.frozen(kw_only=True)
 class ParityResult:
     case: str
-    max_abs_error: float
+    max_error: float  # max |got - want| / (1 + |want|)
     tolerance: float
 
     @property
     def is_ok(self) -> bool:
         # NaN anywhere makes the error NaN, which fails this comparison.
-        return self.max_abs_error <= self.tolerance
+        return self.max_error <= self.tolerance
 
     def line(self) -> str:
         status = "ok" if self.is_ok else "MISMATCH"
-        return (
-            f"{self.case:<48} max |diff| {self.max_abs_error:.3g} (tol {self.tolerance:g}) {status}"
-        )
+        error = f"max |diff|/(1+|ref|) {self.max_error:.3g} (tol {self.tolerance:g})"
+        return f"{self.case:<48} {error} {status}"
 
 
 def _max_error(got: torch.Tensor, want: torch.Tensor) -> float:
     if got.shape != want.shape or got.dtype != want.dtype:
         return float("nan")
-    return float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
+    if not got.numel():
+        return 0.0
+    want32 = want.float()
+    return float(((got.float() - want32).abs() / (1 + want32.abs())).max())
 
 
 @attrs.frozen(kw_only=True)
@@ -303,7 +306,7 @@ def run_case(name: str, dtype: torch.dtype, device: torch.device | str = "cuda")
         tolerance = 0.0
     return ParityResult(
         case=f"{name} [{str(dtype).removeprefix('torch.')}]",
-        max_abs_error=error,
+        max_error=error,
         tolerance=tolerance,
     )
 
