@@ -23,6 +23,8 @@ ROUTING_WARPS = 4
 DSA_THREADS = 128
 DSA_TILE = 16
 DSA_MAX_ACCUMULATORS = 16
+INDEXER_THREADS = 128
+INDEXER_TILE = 32
 # Rows per paged attention launch: bounds the float32 split partials.
 PARTIAL_BUDGET_BYTES = 64 * 2**20
 
@@ -337,6 +339,45 @@ class CupyBackend(KernelBackend):
                 ),
             )
         return weights, ids
+
+    def index_scores(
+        self,
+        index_q: torch.Tensor,
+        head_weights: torch.Tensor,
+        pooled_keys: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        suffix = dtype_suffix(index_q.dtype)
+        num_queries, num_heads, dim = index_q.shape
+        num_pools = pooled_keys.shape[0]
+        shared_bytes = 4 * (INDEXER_TILE * (dim + 1) + INDEXER_THREADS // 32 * INDEXER_TILE)
+        if not index_q.is_cuda or suffix is None or shared_bytes > MAX_SHARED_BYTES:
+            self._fallback("index_scores", f"{index_q.dtype} queries of dim {dim}")
+            return super().index_scores(index_q, head_weights, pooled_keys, scale)
+        q = index_q.contiguous()
+        weights = head_weights.to(torch.float32).contiguous()
+        keys = pooled_keys.to(torch.float32).contiguous()
+        scores = torch.empty((num_queries, num_pools), dtype=torch.float32, device=q.device)
+        if num_queries and num_pools:
+            launch(
+                "dsa_indexer",
+                f"index_scores_{suffix}",
+                q.device,
+                (num_queries, -(-num_pools // INDEXER_TILE)),
+                (INDEXER_THREADS,),
+                (
+                    ptr(scores),
+                    ptr(q),
+                    ptr(weights),
+                    ptr(keys),
+                    i32(num_pools),
+                    i32(num_heads),
+                    i32(dim),
+                    f32(scale),
+                ),
+                shared_mem_bytes=shared_bytes,
+            )
+        return scores
 
     def sparse_latent_attention(
         self,

@@ -276,6 +276,21 @@ def _sparse_latent_case(
     return run
 
 
+def _index_scores(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(9)
+    worst = 0.0
+    for num_queries, num_heads, dim, num_pools in ((7, 32, 128, 100), (3, 64, 128, 33)):
+        q = torch.randn(num_queries, num_heads, dim, generator=generator).to(device, dtype)
+        weights = torch.randn(num_queries, num_heads, generator=generator).to(device)
+        keys = torch.randn(num_pools, dim, generator=generator).to(device)
+        got = cupy.index_scores(q, weights * num_heads**-0.5, keys, dim**-0.5)
+        want = reference.index_scores(q, weights * num_heads**-0.5, keys, dim**-0.5)
+        worst = max(worst, _max_error(got, want))
+    return worst
+
+
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
@@ -291,6 +306,7 @@ CASES: dict[str, Case] = {
     "prefill ragged": _attention_case([33, 130, 7], [33, 130, 7], 9, 3, 64, None),
     "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
     "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
+    "index_scores": _index_scores,
     "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
     "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
 }
