@@ -340,6 +340,71 @@ class CupyBackend(KernelBackend):
             )
         return weights, ids
 
+    def grouped_sigmoid_topk_routing(
+        self,
+        router_logits: torch.Tensor,
+        correction_bias: torch.Tensor,
+        top_k: int,
+        *,
+        num_groups: int,
+        topk_groups: int,
+        renormalize: bool,
+        routed_scaling_factor: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        suffix = dtype_suffix(router_logits.dtype)
+        num_experts = router_logits.shape[-1]
+        if (
+            not router_logits.is_cuda
+            or suffix is None
+            or router_logits.dim() != 2
+            or num_experts > MAX_EXPERTS
+            or not 0 < num_groups <= 32
+            or num_experts % num_groups
+            or not 0 < topk_groups <= num_groups
+            or not 0 < top_k <= topk_groups * (num_experts // num_groups)
+        ):
+            # The reference also raises the contract's errors.
+            self._fallback(
+                "grouped_sigmoid_topk_routing", f"{num_experts} experts, {num_groups} groups"
+            )
+            return super().grouped_sigmoid_topk_routing(
+                router_logits,
+                correction_bias,
+                top_k,
+                num_groups=num_groups,
+                topk_groups=topk_groups,
+                renormalize=renormalize,
+                routed_scaling_factor=routed_scaling_factor,
+            )
+        logits = router_logits.contiguous()
+        bias = correction_bias.to(torch.float32).contiguous()
+        num_tokens = logits.shape[0]
+        weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
+        ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+        if num_tokens:
+            launch(
+                "moe_routing",
+                f"grouped_sigmoid_topk_{suffix}",
+                logits.device,
+                (-(-num_tokens // ROUTING_WARPS),),
+                (32 * ROUTING_WARPS,),
+                (
+                    ptr(weights),
+                    ptr(ids),
+                    ptr(logits),
+                    ptr(bias),
+                    i64(num_tokens),
+                    i32(num_experts),
+                    i32(top_k),
+                    i32(num_groups),
+                    i32(topk_groups),
+                    i32(int(renormalize)),
+                    f32(routed_scaling_factor),
+                ),
+                shared_mem_bytes=4 * ROUTING_WARPS * num_experts,
+            )
+        return weights, ids
+
     def index_scores(
         self,
         index_q: torch.Tensor,

@@ -291,6 +291,30 @@ def _index_scores(
     return worst
 
 
+def _grouped_sigmoid_topk(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(10)
+    worst = 0.0
+    # (experts, top_k, groups, topk_groups, renormalize, scaling): DeepSeek-V3's shape first.
+    for shape in ((256, 8, 8, 4, True, 2.5), (64, 6, 1, 1, False, 1.0), (160, 4, 32, 3, True, 1.0)):
+        num_experts, top_k, num_groups, topk_groups, renormalize, scaling = shape
+        logits = torch.randn(29, num_experts, generator=generator).to(device, dtype)
+        bias = (0.1 * torch.randn(num_experts, generator=generator)).to(device)
+        kwargs = {
+            "num_groups": num_groups,
+            "topk_groups": topk_groups,
+            "renormalize": renormalize,
+            "routed_scaling_factor": scaling,
+        }
+        got_w, got_ids = cupy.grouped_sigmoid_topk_routing(logits, bias, top_k, **kwargs)  # type: ignore[arg-type]
+        want_w, want_ids = reference.grouped_sigmoid_topk_routing(logits, bias, top_k, **kwargs)  # type: ignore[arg-type]
+        if not torch.equal(got_ids, want_ids):
+            return float("nan")
+        worst = max(worst, _max_error(got_w, want_w))
+    return worst
+
+
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
@@ -299,6 +323,7 @@ CASES: dict[str, Case] = {
     "rotary": _rotary,
     "write_kv": _write_kv,
     "softmax_topk_routing": _softmax_topk,
+    "grouped_sigmoid_topk_routing": _grouped_sigmoid_topk,
     "decode ragged gqa4": _attention_case([1, 17, 300, 2049], [1, 1, 1, 1], 8, 2, 64, None),
     "decode mha hd128": _attention_case([5, 700], [1, 1], 4, 4, 128, None),
     "decode gqa8 window": _attention_case([40, 1000, 5000], [1, 1, 1], 16, 2, 128, 512),

@@ -38,7 +38,7 @@ KERNEL_SOURCES = (
         name="paged_attention",
         functions=_per_dtype("paged_attention_partial", "paged_attention_combine"),
     ),
-    KernelSource(name="moe_routing", functions=_per_dtype("softmax_topk")),
+    KernelSource(name="moe_routing", functions=_per_dtype("softmax_topk", "grouped_sigmoid_topk")),
     KernelSource(name="dsa", functions=_per_dtype("sparse_latent_attention")),
     KernelSource(name="dsa_indexer", functions=_per_dtype("index_scores")),
 )
