@@ -17,6 +17,8 @@ from metrale_kernels.cuda.sources import NVRTC_OPTIONS, SOURCES_BY_NAME, source_
 _SUFFIXES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _functions: dict[tuple[str, int], Any] = {}
 _modules: dict[tuple[str, int], Any] = {}
+_streams: dict[tuple[int, int], Any] = {}
+_usable_cupy: list[Any] = []  # the cupy module, once it has been found usable
 
 
 class CupyUnavailableError(RuntimeError):
@@ -34,6 +36,7 @@ def import_cupy() -> Any:
         ) from None
     if not cupy.cuda.is_available():
         raise CupyUnavailableError("cupy is installed but sees no CUDA device")
+    _usable_cupy[:] = [cupy]
     return cupy
 
 
@@ -90,10 +93,13 @@ def launch(
     shared_mem_bytes: int = 0,
 ) -> None:
     """Queue ``function`` of ``source`` on ``device``'s current torch stream."""
-    cupy = import_cupy()
+    cupy = _usable_cupy[0] if _usable_cupy else import_cupy()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with cupy.cuda.Device(index):
         kernel = _kernel(cupy, source, function, index)
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream)
+        handle = torch.cuda.current_stream(index).cuda_stream
+        stream = _streams.get((index, handle))
+        if stream is None:
+            stream = _streams[(index, handle)] = cupy.cuda.ExternalStream(handle, index)
         with stream:
             kernel(grid, block, args, shared_mem=shared_mem_bytes)
