@@ -29,6 +29,10 @@ INDEXER_TILE = 32
 PARTIAL_BUDGET_BYTES = 64 * 2**20
 
 
+def _on_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
 def _attention_shared_bytes(group: int, head_dim: int) -> int:
     floats = group * head_dim + ATTENTION_TILE * (head_dim + 1) + group * ATTENTION_TILE + 3 * group
     return 4 * floats
@@ -78,7 +82,7 @@ class CupyBackend(KernelBackend):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         suffix = dtype_suffix(x.dtype)
-        if not x.is_cuda or suffix is None or weight.dtype != x.dtype or x.dim() > 3:
+        if not _on_cuda(x) or suffix is None or weight.dtype != x.dtype or x.dim() > 3:
             self._fallback("rms_norm", f"{x.dtype} x, {weight.dtype} weight, {x.dim()} dims")
             return super().rms_norm(x, weight, eps, out=out)
         hidden = x.shape[-1]
@@ -113,7 +117,7 @@ class CupyBackend(KernelBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         suffix = dtype_suffix(x.dtype)
         if (
-            not x.is_cuda
+            not _on_cuda(x)
             or suffix is None
             or not (weight.dtype == residual.dtype == x.dtype)
             or x.shape != residual.shape
@@ -145,7 +149,7 @@ class CupyBackend(KernelBackend):
 
     def silu_and_mul(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         suffix = dtype_suffix(x.dtype)
-        if not x.is_cuda or suffix is None:
+        if not _on_cuda(x) or suffix is None:
             self._fallback("silu_and_mul", f"{x.dtype} on {x.device.type}")
             return super().silu_and_mul(x, out=out)
         width = x.shape[-1]
@@ -174,7 +178,7 @@ class CupyBackend(KernelBackend):
         suffix = dtype_suffix(q.dtype)
         head_dim = q.shape[-1]
         if (
-            not q.is_cuda
+            not _on_cuda(q)
             or suffix is None
             or k.dtype != q.dtype
             or q.dim() != 3
@@ -226,7 +230,7 @@ class CupyBackend(KernelBackend):
     ) -> None:
         suffix = dtype_suffix(k_cache.dtype)
         if (
-            not k_cache.is_cuda
+            not _on_cuda(k_cache)
             or suffix is None
             or not (key.dtype == value.dtype == k_cache.dtype == v_cache.dtype)
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
@@ -280,7 +284,7 @@ class CupyBackend(KernelBackend):
         suffix = dtype_suffix(q.dtype)
         group = num_heads // num_kv_heads
         if (
-            not q.is_cuda
+            not _on_cuda(q)
             or suffix is None
             or not (q.dtype == k_cache.dtype == v_cache.dtype)
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
@@ -309,7 +313,7 @@ class CupyBackend(KernelBackend):
         suffix = dtype_suffix(router_logits.dtype)
         num_experts = router_logits.shape[-1]
         if (
-            not router_logits.is_cuda
+            not _on_cuda(router_logits)
             or suffix is None
             or router_logits.dim() != 2
             or num_experts > MAX_EXPERTS
@@ -354,7 +358,7 @@ class CupyBackend(KernelBackend):
         suffix = dtype_suffix(router_logits.dtype)
         num_experts = router_logits.shape[-1]
         if (
-            not router_logits.is_cuda
+            not _on_cuda(router_logits)
             or suffix is None
             or router_logits.dim() != 2
             or num_experts > MAX_EXPERTS
@@ -416,7 +420,7 @@ class CupyBackend(KernelBackend):
         num_queries, num_heads, dim = index_q.shape
         num_pools = pooled_keys.shape[0]
         shared_bytes = 4 * (INDEXER_TILE * (dim + 1) + INDEXER_THREADS // 32 * INDEXER_TILE)
-        if not index_q.is_cuda or suffix is None or shared_bytes > MAX_SHARED_BYTES:
+        if not _on_cuda(index_q) or suffix is None or shared_bytes > MAX_SHARED_BYTES:
             self._fallback("index_scores", f"{index_q.dtype} queries of dim {dim}")
             return super().index_scores(index_q, head_weights, pooled_keys, scale)
         q = index_q.contiguous()
@@ -456,7 +460,7 @@ class CupyBackend(KernelBackend):
         num_queries, num_heads, rank = q.shape
         heads_per_block = _dsa_heads_per_block(num_heads, rank)
         if (
-            not q.is_cuda
+            not _on_cuda(q)
             or suffix is None
             or latent_cache.dtype != q.dtype
             or not latent_cache.is_contiguous()
