@@ -525,6 +525,10 @@ def _paged_attention_launches(
     )
     part_ml = torch.empty((chunk, num_heads, max_splits, 2), dtype=torch.float32, device=q.device)
     window = 0 if sliding_window is None else sliding_window
+    per_vector = 16 // q.element_size()
+    vector_loads = head_dim % per_vector == 0 and all(
+        cache.data_ptr() % 16 == 0 for cache in (k_cache, v_cache)
+    )
     tables = metadata.block_tables
     if tables.stride(-1) != 1:
         tables = tables.contiguous()
@@ -557,6 +561,7 @@ def _paged_attention_launches(
                 i32(window),
                 i32(attention_rows.SPLIT_KEYS),
                 i32(max_splits),
+                i32(int(vector_loads)),
             ),
             shared_mem_bytes=_attention_shared_bytes(group, head_dim),
         )

@@ -328,6 +328,8 @@ CASES: dict[str, Case] = {
     "decode mha hd128": _attention_case([5, 700], [1, 1], 4, 4, 128, None),
     "decode gqa8 window": _attention_case([40, 1000, 5000], [1, 1, 1], 16, 2, 128, 512),
     "decode long split-K": _attention_case([9000], [1], 9, 3, 64, None),
+    # head_dim 36: 16-byte loads for float32 (4 per load), element loads for the half types.
+    "decode hd36": _attention_case([3, 400], [1, 1], 6, 3, 36, None),
     "prefill ragged": _attention_case([33, 130, 7], [33, 130, 7], 9, 3, 64, None),
     "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
     "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),

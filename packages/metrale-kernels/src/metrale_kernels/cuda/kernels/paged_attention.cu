@@ -23,11 +23,39 @@ __device__ __forceinline__ int num_splits_of(int pos, int sliding_window, int sp
 }
 
 // Keys ``tile_start .. tile_start + tile_keys - 1`` of one kv head, as float32, rows
-// ``stride`` apart; rows past ``tile_keys`` are zeros (their slots are never read).
+// ``stride`` apart; rows past ``tile_keys`` are zeros (their slots are never read). With
+// ``vector_loads`` (16-byte aligned caches, head_dim a multiple of 16 bytes' elements) each
+// thread reads 16 bytes at a time.
 template <typename T>
 __device__ void load_tile(
     float* tile, const T* cache, const long long* table, int tile_start, int tile_keys,
-    int block_size, int num_kv_heads, int kv_head, int head_dim, int stride) {
+    int block_size, int num_kv_heads, int kv_head, int head_dim, int stride, int vector_loads) {
+    constexpr int VEC = 16 / sizeof(T);
+    if (vector_loads) {
+        const int vecs_per_row = head_dim / VEC;
+        for (int e = threadIdx.x; e < ATTENTION_TILE * vecs_per_row; e += ATTENTION_THREADS) {
+            const int j = e / vecs_per_row;
+            const int c = e - j * vecs_per_row;
+            float* dst = tile + j * stride + c * VEC;
+            if (j < tile_keys) {
+                const int key = tile_start + j;
+                const long long slot = table[key / block_size] * block_size + key % block_size;
+                const uint4 raw = *reinterpret_cast<const uint4*>(
+                    cache + (slot * num_kv_heads + kv_head) * head_dim + c * VEC);
+                const T* parts = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    dst[v] = to_float(parts[v]);
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    dst[v] = 0.0f;
+                }
+            }
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < ATTENTION_TILE * head_dim; e += ATTENTION_THREADS) {
         const int j = e / head_dim;
         const int d = e - j * head_dim;
@@ -47,7 +75,7 @@ __device__ void paged_attention_partial(
     const long long* block_tables, long long table_stride, const int* row_seq,
     const int* row_pos, int num_heads, int num_kv_heads, int head_dim, int block_size,
     long long q_stride, long long q_head_stride, float scale, int sliding_window,
-    int split_keys, int max_splits) {
+    int split_keys, int max_splits, int vector_loads) {
     extern __shared__ float smem[];
     const int group = num_heads / num_kv_heads;
     const int row = blockIdx.x;
@@ -90,7 +118,7 @@ __device__ void paged_attention_partial(
     for (int tile_start = begin; tile_start < end; tile_start += ATTENTION_TILE) {
         const int tile_keys = min(ATTENTION_TILE, end - tile_start);
         load_tile(kv_s, k_cache, table, tile_start, tile_keys, block_size, num_kv_heads,
-                  kv_head, head_dim, stride);
+                  kv_head, head_dim, stride, vector_loads);
         __syncthreads();
         for (int e = threadIdx.x; e < group * ATTENTION_TILE; e += ATTENTION_THREADS) {
             const int g = e / ATTENTION_TILE;
@@ -108,7 +136,7 @@ __device__ void paged_attention_partial(
         __syncthreads();
         // V replaces K while the warps turn scores into weights (different buffers).
         load_tile(kv_s, v_cache, table, tile_start, tile_keys, block_size, num_kv_heads,
-                  kv_head, head_dim, stride);
+                  kv_head, head_dim, stride, vector_loads);
         for (int g = warp; g < group; g += ATTENTION_THREADS / 32) {
             const float score = p_s[g * ATTENTION_TILE + lane];
             const float old_max = max_s[g];
@@ -193,11 +221,11 @@ __device__ void paged_attention_combine(
             const long long* block_tables, long long table_stride, const int* row_seq,      \
             const int* row_pos, int num_heads, int num_kv_heads, int head_dim,              \
             int block_size, long long q_stride, long long q_head_stride, float scale,       \
-            int sliding_window, int split_keys, int max_splits) {                           \
+            int sliding_window, int split_keys, int max_splits, int vector_loads) {         \
         paged_attention_partial<T>(part_acc, part_ml, q, k_cache, v_cache, block_tables,    \
                                    table_stride, row_seq, row_pos, num_heads, num_kv_heads, \
                                    head_dim, block_size, q_stride, q_head_stride, scale,    \
-                                   sliding_window, split_keys, max_splits);                 \
+                                   sliding_window, split_keys, max_splits, vector_loads);   \
     }                                                                                       \
     extern "C" __global__ void paged_attention_combine_##SUFFIX(                            \
         T* out, const float* part_acc, const float* part_ml, const int* row_pos,            \
