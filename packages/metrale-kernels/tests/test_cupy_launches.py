@@ -4,6 +4,7 @@ launch shape the hardware takes. (The kernels themselves need a GPU: test_cupy_b
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -150,3 +151,33 @@ def test_an_input_without_a_kernel_falls_back_to_the_reference(launches: list[La
     out = _backend().rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
     assert not launches
     torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_the_backend_says_which_ops_run_the_reference(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(cupy_backend, "import_cupy", lambda: None)
+    with caplog.at_level(logging.DEBUG, logger="metrale.kernels"):
+        CupyBackend()
+    (line,) = [r.getMessage() for r in caplog.records if "torch reference runs" in r.getMessage()]
+    reference_ops = set(line.split("runs ", 1)[1].split(", "))
+    assert {"fused_moe", "int8_linear", "kda_chunked", "select_positions"} <= reference_ops
+    kernel_ops = {
+        "rms_norm", "add_rms_norm", "silu_and_mul", "apply_rotary", "write_kv",
+        "paged_attention", "softmax_topk_routing", "grouped_sigmoid_topk_routing",
+        "index_scores", "sparse_latent_attention",
+    }  # fmt: skip
+    assert not reference_ops & kernel_ops
+
+
+def test_a_fallback_is_said_once_per_op_and_reason(
+    launches: list[Launch], caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _backend()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with caplog.at_level(logging.DEBUG, logger="metrale.kernels"):
+        backend.rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+        backend.rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1
+    assert lines[0].startswith("cupy backend: rms_norm falls back to the torch reference")
