@@ -92,6 +92,7 @@ def _run_every_op(backend: CupyBackend, dtype: torch.dtype) -> None:
     backend.grouped_sigmoid_topk_routing(
         logits, torch.zeros(64), 4, num_groups=8, topk_groups=2, renormalize=True
     )
+    backend.pool_index_keys(torch.randn(3, 4, 32).to(dtype), torch.randn(3, 4, 32).to(dtype))
     backend.index_scores(
         torch.randn(3, 4, 32).to(dtype), torch.randn(3, 4), torch.randn(9, 32), 0.2
     )
@@ -105,7 +106,7 @@ def _run_every_op(backend: CupyBackend, dtype: torch.dtype) -> None:
 EXPECTED_FUNCTIONS = {
     "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "write_kv",
     "paged_attention_partial", "paged_attention_combine", "softmax_topk",
-    "grouped_sigmoid_topk", "index_scores", "sparse_latent_attention",
+    "grouped_sigmoid_topk", "index_scores", "sparse_latent_attention", "pool_index_keys",
 }  # fmt: skip
 
 
@@ -165,7 +166,7 @@ def test_the_backend_says_which_ops_run_the_reference(
     kernel_ops = {
         "rms_norm", "add_rms_norm", "silu_and_mul", "apply_rotary", "write_kv",
         "paged_attention", "softmax_topk_routing", "grouped_sigmoid_topk_routing",
-        "index_scores", "sparse_latent_attention",
+        "index_scores", "sparse_latent_attention", "pool_index_keys",
     }  # fmt: skip
     assert not reference_ops & kernel_ops
 

@@ -409,6 +409,34 @@ class CupyBackend(KernelBackend):
             )
         return weights, ids
 
+    def pool_index_keys(self, keys: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        suffix = dtype_suffix(keys.dtype)
+        if (
+            not _on_cuda(keys)
+            or suffix is None
+            or gate_logits.dtype != keys.dtype
+            or keys.dim() != 3
+            or gate_logits.shape != keys.shape
+        ):
+            self._fallback("pool_index_keys", f"{keys.dtype} keys, {gate_logits.dtype} logits")
+            return super().pool_index_keys(keys, gate_logits)
+        keys, gate_logits = keys.contiguous(), gate_logits.contiguous()
+        num_pools, pool, dim = keys.shape
+        out = torch.empty((num_pools, dim), dtype=torch.float32, device=keys.device)
+        total = num_pools * dim
+        if total and pool:
+            launch(
+                "dsa_indexer",
+                f"pool_index_keys_{suffix}",
+                keys.device,
+                (-(-total // 256),),
+                (256,),
+                (ptr(out), ptr(keys), ptr(gate_logits), i64(num_pools), i32(pool), i32(dim)),
+            )
+        elif total:
+            return super().pool_index_keys(keys, gate_logits)
+        return out
+
     def index_scores(
         self,
         index_q: torch.Tensor,

@@ -315,6 +315,15 @@ def _grouped_sigmoid_topk(
     return worst
 
 
+def _pool_index_keys(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(11)
+    keys = torch.randn(37, 16, 128, generator=generator).to(device, dtype)
+    logits = (3 * torch.randn(37, 16, 128, generator=generator)).to(device, dtype)
+    return _max_error(cupy.pool_index_keys(keys, logits), reference.pool_index_keys(keys, logits))
+
+
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
@@ -334,6 +343,7 @@ CASES: dict[str, Case] = {
     "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
     "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
     "index_scores": _index_scores,
+    "pool_index_keys": _pool_index_keys,
     "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
     "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
 }

@@ -56,3 +56,41 @@ __device__ void index_scores(
 DEFINE_INDEXER(f32, float)
 DEFINE_INDEXER(f16, half_t)
 DEFINE_INDEXER(bf16, bf16_t)
+
+// Pooled indexer keys: per pool and channel, the softmax over the pool's tokens of the gate
+// logits weights the keys. keys, gate_logits (J, P, dim) dense; out (J, dim) float32. One
+// thread per (pool, channel); consecutive threads read consecutive channels.
+template <typename T, typename G>
+__device__ void pool_index_keys(
+    float* out, const T* keys, const G* gate_logits, long long num_pools, int pool, int dim) {
+    const long long e = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+    if (e >= num_pools * dim) {
+        return;
+    }
+    const long long j = e / dim;
+    const int c = static_cast<int>(e - j * dim);
+    const long long first = j * pool * dim + c;
+    float max_logit = negative_infinity();
+    for (int i = 0; i < pool; ++i) {
+        max_logit = fmaxf(max_logit, to_float(gate_logits[first + i * dim]));
+    }
+    float total = 0.0f;
+    float weighted = 0.0f;
+    for (int i = 0; i < pool; ++i) {
+        const float w = expf(to_float(gate_logits[first + i * dim]) - max_logit);
+        total += w;
+        weighted += w * to_float(keys[first + i * dim]);
+    }
+    out[e] = weighted / total;
+}
+
+#define DEFINE_POOLING(SUFFIX, T, G)                                                        \
+    extern "C" __global__ void pool_index_keys_##SUFFIX(                                    \
+        float* out, const T* keys, const G* gate_logits, long long num_pools, int pool,     \
+        int dim) {                                                                          \
+        pool_index_keys<T, G>(out, keys, gate_logits, num_pools, pool, dim);                \
+    }
+
+DEFINE_POOLING(f32, float, float)
+DEFINE_POOLING(f16, half_t, half_t)
+DEFINE_POOLING(bf16, bf16_t, bf16_t)
