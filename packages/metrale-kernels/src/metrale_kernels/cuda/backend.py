@@ -24,6 +24,8 @@ DSA_THREADS = 128
 DSA_TILE = 16
 DSA_MAX_ACCUMULATORS = 16
 INDEXER_THREADS = 128
+SELECT_THREADS = 256
+SELECT_MAX_POOLS = 4096
 INDEXER_TILE = 32
 # Rows per paged attention launch: bounds the float32 split partials.
 PARTIAL_BUDGET_BYTES = 64 * 2**20
@@ -435,6 +437,54 @@ class CupyBackend(KernelBackend):
             )
         elif total:
             return super().pool_index_keys(keys, gate_logits)
+        return out
+
+    def select_positions(
+        self,
+        scores: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        kpool: int,
+        topk_pools: int,
+        select_tail: bool,
+    ) -> torch.Tensor:
+        num_queries, num_pools = scores.shape
+        complete = int(((positions.long() + 1) // max(kpool, 1)).max()) if num_queries else 0
+        if (
+            not _on_cuda(scores)
+            or kpool < 1
+            or topk_pools < 1
+            or num_pools > SELECT_MAX_POOLS
+            or complete > num_pools
+        ):
+            # The reference raises the contract's errors.
+            self._fallback("select_positions", f"{num_pools} pools, kpool {kpool}")
+            return super().select_positions(
+                scores, positions, kpool=kpool, topk_pools=topk_pools, select_tail=select_tail
+            )
+        width = topk_pools * kpool + max(kpool - 1, 0)
+        out = torch.empty((num_queries, width), dtype=torch.int64, device=scores.device)
+        ranked = scores.to(torch.float32)
+        ranked = ranked if ranked.stride(-1) == 1 else ranked.contiguous()
+        if num_queries:
+            launch(
+                "dsa_select",
+                "select_positions",
+                scores.device,
+                (num_queries,),
+                (SELECT_THREADS,),
+                (
+                    ptr(out),
+                    ptr(ranked),
+                    ptr(positions.to(torch.int64).contiguous()),
+                    i64(ranked.stride(0)),
+                    i32(kpool),
+                    i32(topk_pools),
+                    i32(min(topk_pools, num_pools)),
+                    i32(int(select_tail)),
+                    i32(width),
+                ),
+            )
         return out
 
     def index_scores(

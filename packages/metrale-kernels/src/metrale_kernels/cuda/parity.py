@@ -324,6 +324,30 @@ def _pool_index_keys(
     return _max_error(cupy.pool_index_keys(keys, logits), reference.pool_index_keys(keys, logits))
 
 
+def _select_positions(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    """Rows compared as sorted sets (their order is unspecified); 0 when equal, else NaN."""
+    del dtype  # scores are float32
+    generator = torch.Generator().manual_seed(12)
+    for seq_len, kpool, topk_pools, select_tail in (
+        (5000, 16, 64, True), (300, 1, 32, False), (2000, 4, 600, True), (40, 16, 8, False),
+    ):  # fmt: skip
+        num_pools = seq_len // kpool
+        positions = torch.cat(
+            [torch.arange(0, 3), torch.randint(0, seq_len, (20,), generator=generator)]
+        )
+        scores = torch.randn(len(positions), num_pools, generator=generator).to(device)
+        kwargs = {"kpool": kpool, "topk_pools": topk_pools, "select_tail": select_tail}
+        got = cupy.select_positions(scores, positions.to(device), **kwargs)  # type: ignore[arg-type]
+        want = reference.select_positions(scores, positions.to(device), **kwargs)  # type: ignore[arg-type]
+        if got.shape != want.shape or not torch.equal(
+            got.sort(dim=1).values, want.sort(dim=1).values
+        ):
+            return float("nan")
+    return 0.0
+
+
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
@@ -344,6 +368,7 @@ CASES: dict[str, Case] = {
     "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
     "index_scores": _index_scores,
     "pool_index_keys": _pool_index_keys,
+    "select_positions": _select_positions,
     "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
     "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
 }

@@ -41,6 +41,7 @@ KERNEL_SOURCES = (
     KernelSource(name="moe_routing", functions=_per_dtype("softmax_topk", "grouped_sigmoid_topk")),
     KernelSource(name="dsa", functions=_per_dtype("sparse_latent_attention")),
     KernelSource(name="dsa_indexer", functions=_per_dtype("index_scores", "pool_index_keys")),
+    KernelSource(name="dsa_select", functions=("select_positions",)),
 )
 SOURCES_BY_NAME = {source.name: source for source in KERNEL_SOURCES}
 
