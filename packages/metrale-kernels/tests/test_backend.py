@@ -60,7 +60,7 @@ def test_get_backend_cpu_runs_every_op(device: torch.device | str) -> None:
 @pytest.mark.gpu
 def test_torch_backend_on_cuda_matches_cpu() -> None:
     cpu = run_toy_layer(get_backend("cpu"), toy_layer_inputs("cpu"))
-    cuda = run_toy_layer(get_backend("cuda"), toy_layer_inputs("cuda"))
+    cuda = run_toy_layer(get_backend("cuda", "torch"), toy_layer_inputs("cuda"))
     for on_cuda, on_cpu in zip(cuda, cpu, strict=True):
         torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-5, rtol=1e-5)
 

@@ -167,3 +167,15 @@ def test_out_receives_rms_norm_and_silu_and_mul(dtype: torch.dtype) -> None:
     activated = torch.full((4, 8), float("nan"), dtype=dtype)
     assert backend.silu_and_mul(x, out=activated) is activated
     torch.testing.assert_close(activated, backend.silu_and_mul(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_is_the_add_then_the_norm(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(3)
+    x, residual = (torch.randn(5, 48, generator=generator).to(dtype) for _ in range(2))
+    weight = torch.rand(48, generator=generator).to(dtype) + 0.5
+    backend = TorchBackend()
+    normed, summed = backend.add_rms_norm(x, residual, weight, 1e-6)
+    assert summed.dtype == normed.dtype == dtype
+    torch.testing.assert_close(summed, x + residual, rtol=0, atol=0)
+    torch.testing.assert_close(normed, backend.rms_norm(x + residual, weight, 1e-6), rtol=0, atol=0)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 import torch
 from torch import nn
 
 from metrale_config import ModelConfig
+from metrale_kernels import BackendUnavailableError
 from metrale_model_arch import LlamaForCausalLM, build_model
 
 
@@ -37,3 +39,16 @@ def test_tied_head_stays_the_row_major_embedding(tiny_config: ModelConfig) -> No
     head = model.get_submodule("lm_head").weight
     assert head is model.get_submodule("model.embed_tokens").weight
     assert head.is_contiguous()
+
+
+def test_the_kernel_backend_is_chosen_by_name(tiny_config: ModelConfig) -> None:
+    weights = LlamaForCausalLM(tiny_config).state_dict()
+    for name in ("auto", "torch"):
+        model = build_model(
+            tiny_config, weights.items(), dtype=torch.float32, device="cpu", kernel_backend=name
+        )
+        assert model.backend.name == "torch"
+    with pytest.raises(BackendUnavailableError, match="needs a CUDA device"):
+        build_model(
+            tiny_config, weights.items(), dtype=torch.float32, device="cpu", kernel_backend="cupy"
+        )

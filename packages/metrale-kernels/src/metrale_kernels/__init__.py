@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
+from metrale_kernels.backend_choice import BACKEND_NAMES, BackendUnavailableError, get_backend
 from metrale_kernels.cpu_features import CpuFeatures, cpu_features
 from metrale_kernels.dsa import (
     index_scores,
@@ -26,7 +25,9 @@ from metrale_kernels.rotary import (
 )
 
 __all__ = [
+    "BACKEND_NAMES",
     "AttentionMetadata",
+    "BackendUnavailableError",
     "CpuFeatures",
     "KernelBackend",
     "TorchBackend",
@@ -53,9 +54,3 @@ __all__ = [
     "softmax_topk_routing",
     "sparse_latent_attention",
 ]
-
-
-def get_backend(device: torch.device | str) -> KernelBackend:
-    """The backend for ``device``: the torch reference until a CUDA backend is registered."""
-    del device
-    return TorchBackend()

@@ -38,6 +38,13 @@ class KernelBackend:
         """``x * rsqrt(mean(x**2) + eps) * weight`` over the last dim, reduced in float32."""
         return pointwise.rms_norm(x, weight, eps, out=out)
 
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add fused with the next RMSNorm: ``summed = x + residual`` (in the
+        activations' dtype) and ``rms_norm(summed)``; returns ``(normed, summed)``."""
+        return pointwise.add_rms_norm(x, residual, weight, eps)
+
     def apply_rotary(
         self,
         q: torch.Tensor,

@@ -16,6 +16,13 @@ def rms_norm(
     return torch.mul(weight, normed.to(x.dtype), out=out)
 
 
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     if out is None:

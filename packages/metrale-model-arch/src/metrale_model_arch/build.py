@@ -96,6 +96,7 @@ def build_model(
     allocator: TensorAllocator = plain_allocator,
     mapping: CheckpointMapping | None = None,
     quantization: Quantization = Quantization.NONE,
+    kernel_backend: str = "auto",
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
@@ -110,7 +111,8 @@ def build_model(
     With ``quantization`` ``int8``, the embeddings and the projections the architecture lists
     (``int8_linears``) are quantized per row as their tensors arrive
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
-    ``ValueError``. Returns the model in eval mode, no grads.
+    ``ValueError``. The model's ops run on ``kernel_backend`` (``metrale_kernels.get_backend``:
+    ``auto``, ``torch`` or ``cupy``). Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
     record = architecture_for(config)
@@ -118,7 +120,9 @@ def build_model(
     assert record.checkpoint_mapping is not None
     target_of = mapping or record.checkpoint_mapping(config)
     with torch.device("meta"), _no_weight_init():
-        model = record.module(config, max_seq_len=max_seq_len, backend=get_backend(device))
+        model = record.module(
+            config, max_seq_len=max_seq_len, backend=get_backend(device, kernel_backend)
+        )
         int8_rows: dict[str, Int8Rows] = {}
         if quantization == Quantization.INT8:
             if not record.int8_linears:

@@ -86,6 +86,7 @@ def load_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization | str = Quantization.NONE,
+    kernel_backend: str = "auto",
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
@@ -95,6 +96,7 @@ def load_model(
     ``on_progress(done, total)`` hears of every checkpoint tensor loaded. ``quantization``
     ``int8`` stores the embeddings and projections as int8 per row
     (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations' and norms'.
+    ``kernel_backend`` (``auto``, ``torch``, ``cupy``) runs the model's ops.
     """
     quantization = Quantization(quantization)
     source = resolve_model(name)
@@ -110,6 +112,7 @@ def load_model(
             allocator=allocator,
             on_progress=on_progress,
             quantization=quantization,
+            kernel_backend=kernel_backend,
         )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
@@ -126,6 +129,7 @@ def load_model(
             allocator=allocator,
             on_progress=on_progress,
             quantization=quantization,
+            kernel_backend=kernel_backend,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(

@@ -12,6 +12,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto`` (named here: importing model-arch
 # would import torch, and ``met --help`` should not wait for it).
 QUANTIZATION_CHOICES = ("auto", "none", "int8")
+# ``metrale_kernels.BACKEND_NAMES``, named here for the same reason.
+KERNEL_BACKEND_CHOICES = ("auto", "torch", "cupy")
 
 
 @attrs.frozen(kw_only=True)
@@ -30,12 +32,15 @@ class EngineArgs:
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
     ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
     VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
+    ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cupy`` (CUDA
+    kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, else ``torch``).
     """
 
     model: str | None = None
     dtype: str = "auto"
     quantization: str = "auto"
     device: str = "auto"
+    kernel_backend: str = "auto"
     block_size: int = 16
     max_seq_len: int | None = None
     max_batch_size: int | None = 256
@@ -53,6 +58,11 @@ class EngineArgs:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.kernel_backend not in KERNEL_BACKEND_CHOICES:
+            raise ValueError(
+                f"kernel_backend must be one of {', '.join(KERNEL_BACKEND_CHOICES)}, "
+                f"got {self.kernel_backend!r}"
             )
         for name in ("block_size", "max_batch_tokens"):
             value = getattr(self, name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from metrale_config import ModelConfig
-from metrale_kernels import cpu_features
+from metrale_kernels import BackendUnavailableError, cpu_features, get_backend
 from metrale_model_arch import LoadedModel, Quantization
 from metrale_model_arch.registry import ARCHITECTURES
 from metrale_server.args import DTYPE_NAMES
@@ -23,6 +23,14 @@ def resolve_device(spec: str) -> torch.device:
     if device.type not in {"cpu", "cuda"}:
         raise ValueError(f"device {spec!r} is not supported (use cpu, cuda or cuda:N)")
     return device
+
+
+def check_kernel_backend(spec: str, device: torch.device) -> None:
+    """Raises ``ValueError`` saying why kernel backend ``spec`` cannot run on ``device``."""
+    try:
+        get_backend(device, spec)
+    except BackendUnavailableError as error:
+        raise ValueError(f"{error}; use --kernel-backend torch or auto") from None
 
 
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:

@@ -108,3 +108,9 @@ def test_all_interfaces_are_warned_about(
     if is_warned:
         assert f"bound to all interfaces ({host})" in warnings[0]
         assert "--api-key" in warnings[0]
+
+
+def test_engine_args_refuse_an_unknown_kernel_backend() -> None:
+    assert EngineArgs().kernel_backend == "auto"
+    with pytest.raises(ValueError, match="kernel_backend must be one of auto, torch, cupy"):
+        EngineArgs(kernel_backend="triton")

@@ -160,8 +160,12 @@ def layer_qkv(
 def layer_output(
     layer: LlamaDecoderLayer, hidden: torch.Tensor, attended: torch.Tensor
 ) -> torch.Tensor:
-    hidden = hidden + layer.self_attn.o_proj(attended.reshape(hidden.shape[0], -1))
-    out: torch.Tensor = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    norm = layer.post_attention_layernorm
+    # The residual add and the norm after it in one op: ``hidden + o_proj(...)``, normed.
+    normed, hidden = norm.backend.add_rms_norm(
+        layer.self_attn.o_proj(attended.reshape(hidden.shape[0], -1)), hidden, norm.weight, norm.eps
+    )
+    out: torch.Tensor = hidden + layer.mlp(normed)
     return out
 
 

@@ -77,6 +77,7 @@ def load_gguf_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
+    kernel_backend: str = "auto",
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
@@ -95,6 +96,7 @@ def load_gguf_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             quantization=quantization,
+            kernel_backend=kernel_backend,
         )
 
 

@@ -76,6 +76,7 @@ def load_safetensors_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
+    kernel_backend: str = "auto",
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
     if config.quantization_method is not None:
@@ -95,6 +96,7 @@ def load_safetensors_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             quantization=quantization,
+            kernel_backend=kernel_backend,
         )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from metrale_config import read_int_lever
-from metrale_server.args import EngineArgs
+from metrale_server.args import KERNEL_BACKEND_CHOICES, EngineArgs
 from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
@@ -60,6 +60,14 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     default=_ENGINE_DEFAULTS.enforce_eager,
     help="Never compile the layer steps with torch.compile (by default a dense llama-family "
     "model on the CPU compiles them in the background while eager steps serve).",
+)
+@click.option(
+    "--kernel-backend",
+    type=click.Choice(KERNEL_BACKEND_CHOICES),
+    default=_ENGINE_DEFAULTS.kernel_backend,
+    show_default=True,
+    help="What runs attention, norms, rotary and the other ops: torch (the reference), cupy "
+    "(CUDA kernels; needs a CUDA device and CuPy), auto (cupy on CUDA where CuPy can run).",
 )
 @click.option(
     "--api-key",
@@ -143,6 +151,7 @@ def serve(
     served_model_name: str | None,
     enable_prefix_caching: bool,
     enforce_eager: bool,
+    kernel_backend: str,
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
     request_timeout: float,
@@ -188,12 +197,16 @@ def serve(
             template = read_chat_template_file(chat_template)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--chat-template'") from error
-    from metrale_server.devices import resolve_device  # torch
+    from metrale_server.devices import check_kernel_backend, resolve_device  # torch
 
     try:
-        resolve_device(plan.device)
+        device = resolve_device(plan.device)
     except (ValueError, RuntimeError) as error:
         raise click.BadParameter(str(error), param_hint="'--device'") from error
+    try:
+        check_kernel_backend(kernel_backend, device)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--kernel-backend'") from error
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("must not be empty", param_hint="'--served-model-name'")
     try:
@@ -205,6 +218,7 @@ def serve(
             model,
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
+            kernel_backend=kernel_backend,
             seed=seed,
         ),
         served_model_name=served_model_name or default_served_model_name(source),

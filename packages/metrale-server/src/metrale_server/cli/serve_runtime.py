@@ -175,6 +175,7 @@ def build_engine(
         allocator=ledger.allocate,
         on_progress=on_progress,
         quantization=plan.inputs.quantization,
+        kernel_backend=engine_args.kernel_backend,
     )
     if args.chat_template is not None:
         template = attrs.evolve(

@@ -79,6 +79,7 @@ class EngineCore:
                 max_seq_len=plan.inputs.max_seq_len,
                 allocator=self.ledger.allocate,
                 quantization=plan.inputs.quantization,
+                kernel_backend=args.kernel_backend,
             )
         elif plan is None:
             max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)

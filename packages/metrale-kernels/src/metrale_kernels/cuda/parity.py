@@ -1,0 +1,449 @@
+"""Each CUDA kernel against its torch reference on random inputs, on a CUDA device.
+
+Shared by the GPU tests and ``benches/cuda_check.py``: a case builds its inputs with a seeded
+generator, runs the op through :class:`TorchBackend` and :class:`CupyBackend` on the same
+device, and reports the largest difference against the dtype's tolerance. Paged caches are
+NaN-poisoned everywhere except the slots that hold a sequence's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
+from metrale_kernels.backend import KernelBackend, TorchBackend
+
+# On the error ``|got - want| / (1 + |want|)``: a few units in the last place of the dtype.
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@attrs.frozen(kw_only=True)
+class ParityResult:
+    case: str
+    max_error: float  # max |got - want| / (1 + |want|)
+    tolerance: float
+
+    @property
+    def is_ok(self) -> bool:
+        # NaN anywhere makes the error NaN, which fails this comparison.
+        return self.max_error <= self.tolerance
+
+    def line(self) -> str:
+        status = "ok" if self.is_ok else "MISMATCH"
+        error = f"max |diff|/(1+|ref|) {self.max_error:.3g} (tol {self.tolerance:g})"
+        return f"{self.case:<48} {error} {status}"
+
+
+def _max_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return float("nan")
+    if not got.numel():
+        return 0.0
+    want32 = want.float()
+    return float(((got.float() - want32).abs() / (1 + want32.abs())).max())
+
+
+@attrs.frozen(kw_only=True)
+class PagedBatch:
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    metadata: AttentionMetadata
+
+
+def paged_batch(
+    *,
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int = 16,
+    seed: int = 0,
+) -> PagedBatch:
+    """A ragged batch over shuffled cache blocks; every slot outside a context is NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, start = [], 0
+    for n in blocks_per_seq:
+        tables.append(order[start : start + n])
+        start += n
+    metadata = build_attention_metadata(
+        block_tables=tables,
+        seq_lens=seq_lens,
+        query_lens=list(seq_lens),
+        block_size=block_size,
+        device=device,
+    )
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    num_tokens = sum(seq_lens)
+    keys = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    values = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
+    TorchBackend().write_kv(
+        keys.to(device, dtype), values.to(device, dtype), k_cache, v_cache, metadata.slot_mapping
+    )
+    step = build_attention_metadata(
+        block_tables=tables,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        block_size=block_size,
+        device=device,
+    )
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator)
+    return PagedBatch(q=q.to(device, dtype), k_cache=k_cache, v_cache=v_cache, metadata=step)
+
+
+def _attention_case(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    sliding_window: int | None,
+) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    def run(
+        reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+    ) -> float:
+        batch = paged_batch(
+            seq_lens=seq_lens,
+            query_lens=query_lens,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        scale = head_dim**-0.5
+        got = cupy.paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
+        )
+        # The reference in float32, rounded once: the tolerance is then the kernel's alone.
+        want = reference.paged_attention(
+            batch.q.float(),
+            batch.k_cache.float(),
+            batch.v_cache.float(),
+            batch.metadata,
+            scale,
+            sliding_window,
+        )
+        return _max_error(got, want.to(dtype))
+
+    return run
+
+
+def _rms_norm(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 3 * 576, generator=generator).to(device, dtype)[:, 100:676]
+    weight = (torch.rand(576, generator=generator) + 0.5).to(device, dtype)
+    heads = torch.randn(5, 9 * 64 + 17, generator=generator).to(device, dtype)
+    per_head = heads[:, :576].view(5, 9, 64)
+    head_weight = weight[:64]
+    return max(
+        _max_error(cupy.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6)),
+        _max_error(
+            cupy.rms_norm(per_head, head_weight, 1e-5),
+            reference.rms_norm(per_head, head_weight, 1e-5),
+        ),
+    )
+
+
+def _add_rms_norm(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(2)
+    x, residual = (torch.randn(29, 1000, generator=generator).to(device, dtype) for _ in range(2))
+    weight = (torch.rand(1000, generator=generator) + 0.5).to(device, dtype)
+    got = cupy.add_rms_norm(x, residual, weight, 1e-6)
+    want = reference.add_rms_norm(x, residual, weight, 1e-6)
+    return max(_max_error(got[0], want[0]), _max_error(got[1], want[1]))
+
+
+def _silu_and_mul(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(41, 2 * 1536, generator=generator).to(device, dtype)
+    batched = torch.randn(3, 7, 2 * 96, generator=generator).to(device, dtype)
+    return max(
+        _max_error(cupy.silu_and_mul(x), reference.silu_and_mul(x)),
+        _max_error(cupy.silu_and_mul(batched), reference.silu_and_mul(batched)),
+    )
+
+
+def _rotary(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
+
+    generator = torch.Generator().manual_seed(4)
+    head_dim, num_heads, num_kv_heads, num_tokens = 64, 9, 3, 23
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator)
+    qkv = qkv.to(device, dtype)
+    q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim]
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=generator).to(device)
+    table = cos_sin_cache(default_inv_freq(head_dim, 10000.0), 4096).to(device)
+    got = cupy.apply_rotary(q, k, positions, table)
+    want = reference.apply_rotary(q, k, positions, table)
+    return max(_max_error(got[0], want[0]), _max_error(got[1], want[1]))
+
+
+def _write_kv(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(5)
+    num_kv_heads, head_dim = 4, 64
+    kv = torch.randn(19, 2, num_kv_heads, 2 * head_dim, generator=generator).to(device, dtype)
+    key, value = kv[:, 0, :, :head_dim], kv[:, 1, :, head_dim:]
+    slots = torch.randperm(10 * 16, generator=generator)[:19].to(device)
+    caches = [
+        torch.full((10, 16, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=device)
+        for _ in range(4)
+    ]
+    cupy.write_kv(key, value, caches[0], caches[1], slots)
+    reference.write_kv(key, value, caches[2], caches[3], slots)
+    # Unwritten slots stay NaN in both: compare where the reference wrote.
+    written = ~caches[2].isnan()
+    if not torch.equal(written, ~caches[0].isnan()):
+        return float("nan")
+    return max(
+        _max_error(caches[0][written], caches[2][written]),
+        _max_error(caches[1][written], caches[3][written]),
+    )
+
+
+def _softmax_topk(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(6)
+    worst = 0.0
+    for num_experts, top_k, renormalize in ((8, 2, True), (128, 8, False), (60, 4, True)):
+        logits = torch.randn(33, num_experts, generator=generator).to(device, dtype)
+        got_w, got_ids = cupy.softmax_topk_routing(logits, top_k, renormalize)
+        want_w, want_ids = reference.softmax_topk_routing(logits, top_k, renormalize)
+        if not torch.equal(got_ids, want_ids):
+            return float("nan")
+        worst = max(worst, _max_error(got_w, want_w))
+    return worst
+
+
+def _sparse_latent_case(
+    num_heads: int, rank: int, seq_len: int, kpool: int, topk_pools: int
+) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    def run(
+        reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+    ) -> float:
+        from metrale_kernels.dsa import select_positions
+
+        generator = torch.Generator().manual_seed(8)
+        block_size = 16
+        num_blocks = -(-seq_len // block_size) + 2
+        table = torch.randperm(num_blocks, generator=generator)[: -(-seq_len // block_size)]
+        latent = torch.full((num_blocks, block_size, rank), float("nan"))
+        slots = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:seq_len]
+        latent.view(-1, rank)[slots] = torch.randn(seq_len, rank, generator=generator)
+        positions = torch.tensor([0, 1, kpool - 1, seq_len // 2, seq_len - 1])
+        scores = torch.randn(len(positions), seq_len // kpool, generator=generator)
+        selected = select_positions(
+            scores, positions, kpool=kpool, topk_pools=topk_pools, select_tail=True
+        )
+        selected[1] = -1  # a query that selected nothing
+        q = torch.randn(len(positions), num_heads, rank, generator=generator)
+        scale = rank**-0.5
+        got = cupy.sparse_latent_attention(
+            q.to(device, dtype), latent.to(device, dtype), table.to(device), selected.to(device),
+            scale,
+        )  # fmt: skip
+        want = reference.sparse_latent_attention(
+            q.to(device, dtype).float(), latent.to(device, dtype).float(), table.to(device),
+            selected.to(device), scale,
+        )  # fmt: skip
+        return _max_error(got, want.to(dtype))
+
+    return run
+
+
+def _index_scores(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(9)
+    worst = 0.0
+    for num_queries, num_heads, dim, num_pools in ((7, 32, 128, 100), (3, 64, 128, 33)):
+        q = torch.randn(num_queries, num_heads, dim, generator=generator).to(device, dtype)
+        weights = torch.randn(num_queries, num_heads, generator=generator).to(device)
+        keys = torch.randn(num_pools, dim, generator=generator).to(device)
+        got = cupy.index_scores(q, weights * num_heads**-0.5, keys, dim**-0.5)
+        want = reference.index_scores(q, weights * num_heads**-0.5, keys, dim**-0.5)
+        worst = max(worst, _max_error(got, want))
+    return worst
+
+
+def _grouped_sigmoid_topk(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(10)
+    worst = 0.0
+    # (experts, top_k, groups, topk_groups, renormalize, scaling): DeepSeek-V3's shape first.
+    for shape in ((256, 8, 8, 4, True, 2.5), (64, 6, 1, 1, False, 1.0), (160, 4, 32, 3, True, 1.0)):
+        num_experts, top_k, num_groups, topk_groups, renormalize, scaling = shape
+        logits = torch.randn(29, num_experts, generator=generator).to(device, dtype)
+        bias = (0.1 * torch.randn(num_experts, generator=generator)).to(device)
+        kwargs = {
+            "num_groups": num_groups,
+            "topk_groups": topk_groups,
+            "renormalize": renormalize,
+            "routed_scaling_factor": scaling,
+        }
+        got_w, got_ids = cupy.grouped_sigmoid_topk_routing(logits, bias, top_k, **kwargs)  # type: ignore[arg-type]
+        want_w, want_ids = reference.grouped_sigmoid_topk_routing(logits, bias, top_k, **kwargs)  # type: ignore[arg-type]
+        if not torch.equal(got_ids, want_ids):
+            return float("nan")
+        worst = max(worst, _max_error(got_w, want_w))
+    return worst
+
+
+def _pool_index_keys(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    generator = torch.Generator().manual_seed(11)
+    keys = torch.randn(37, 16, 128, generator=generator).to(device, dtype)
+    logits = (3 * torch.randn(37, 16, 128, generator=generator)).to(device, dtype)
+    return _max_error(cupy.pool_index_keys(keys, logits), reference.pool_index_keys(keys, logits))
+
+
+def _select_positions(
+    reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+) -> float:
+    """Rows compared as sorted sets (their order is unspecified); 0 when equal, else NaN."""
+    del dtype  # scores are float32
+    generator = torch.Generator().manual_seed(12)
+    for seq_len, kpool, topk_pools, select_tail in (
+        (5000, 16, 64, True), (300, 1, 32, False), (2000, 4, 600, True), (40, 16, 8, False),
+    ):  # fmt: skip
+        num_pools = seq_len // kpool
+        positions = torch.cat(
+            [torch.arange(0, 3), torch.randint(0, seq_len, (20,), generator=generator)]
+        )
+        scores = torch.randn(len(positions), num_pools, generator=generator).to(device)
+        kwargs = {"kpool": kpool, "topk_pools": topk_pools, "select_tail": select_tail}
+        got = cupy.select_positions(scores, positions.to(device), **kwargs)  # type: ignore[arg-type]
+        want = reference.select_positions(scores, positions.to(device), **kwargs)  # type: ignore[arg-type]
+        if got.shape != want.shape or not torch.equal(
+            got.sort(dim=1).values, want.sort(dim=1).values
+        ):
+            return float("nan")
+    return 0.0
+
+
+Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
+CASES: dict[str, Case] = {
+    "rms_norm": _rms_norm,
+    "add_rms_norm": _add_rms_norm,
+    "silu_and_mul": _silu_and_mul,
+    "rotary": _rotary,
+    "write_kv": _write_kv,
+    "softmax_topk_routing": _softmax_topk,
+    "grouped_sigmoid_topk_routing": _grouped_sigmoid_topk,
+    "decode ragged gqa4": _attention_case([1, 17, 300, 2049], [1, 1, 1, 1], 8, 2, 64, None),
+    "decode mha hd128": _attention_case([5, 700], [1, 1], 4, 4, 128, None),
+    "decode gqa8 window": _attention_case([40, 1000, 5000], [1, 1, 1], 16, 2, 128, 512),
+    "decode long split-K": _attention_case([9000], [1], 9, 3, 64, None),
+    # head_dim 36: 16-byte loads for float32 (4 per load), element loads for the half types.
+    "decode hd36": _attention_case([3, 400], [1, 1], 6, 3, 36, None),
+    "prefill ragged": _attention_case([33, 130, 7], [33, 130, 7], 9, 3, 64, None),
+    "chunked prefill + decode": _attention_case([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
+    "prefill window": _attention_case([200, 77], [200, 20], 6, 2, 96, 64),
+    "index_scores": _index_scores,
+    "pool_index_keys": _pool_index_keys,
+    "select_positions": _select_positions,
+    "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
+    "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
+}
+
+
+def run_case(name: str, dtype: torch.dtype, device: torch.device | str = "cuda") -> ParityResult:
+    from metrale_kernels.cuda.backend import CupyBackend
+
+    device = torch.device(device)
+    error = CASES[name](TorchBackend(), CupyBackend(), dtype, device)
+    tolerance = TOLERANCE[dtype]
+    if name == "write_kv":
+        tolerance = 0.0
+    return ParityResult(
+        case=f"{name} [{str(dtype).removeprefix('torch.')}]",
+        max_error=error,
+        tolerance=tolerance,
+    )
+
+
+def run_all(device: torch.device | str = "cuda") -> list[ParityResult]:
+    return [run_case(name, dtype, device) for name in CASES for dtype in DTYPES]
+
+
+def attention_batch_invariance(
+    dtype: torch.dtype, device: torch.device | str = "cuda", num_others: tuple[int, ...] = (7, 63)
+) -> bool:
+    """Whether one sequence's decode and prefill rows come out bit-identical alone and among
+    ``num_others`` other sequences of random lengths (its own inputs the same each time)."""
+    from metrale_kernels.cuda.backend import CupyBackend
+
+    device = torch.device(device)
+    backend = CupyBackend()
+    generator = torch.Generator().manual_seed(7)
+    outputs = []
+    for others in (0, *num_others):
+        lengths = torch.randint(1, 3000, (others,), generator=generator).tolist()
+        # The sequence under test goes first: its rows of q and out are the same rows.
+        for query_len in (1, 37):
+            batch = paged_batch(
+                seq_lens=[1500, *lengths],
+                query_lens=[query_len] + [1] * others,
+                num_heads=8,
+                num_kv_heads=2,
+                head_dim=64,
+                dtype=dtype,
+                device=device,
+                seed=0,
+            )
+            alone = paged_batch(
+                seq_lens=[1500],
+                query_lens=[query_len],
+                num_heads=8,
+                num_kv_heads=2,
+                head_dim=64,
+                dtype=dtype,
+                device=device,
+                seed=0,
+            )
+            # The same q and context for the sequence under test, wherever its blocks are.
+            q = batch.q.clone()
+            q[:query_len] = alone.q
+            _copy_context(alone, batch)
+            out = backend.paged_attention(q, batch.k_cache, batch.v_cache, batch.metadata, 0.125)
+            outputs.append((query_len, out[:query_len]))
+    return all(
+        torch.equal(out, next(o for n, o in outputs if n == query_len))
+        for query_len, out in outputs
+    )
+
+
+def _copy_context(source: PagedBatch, target: PagedBatch) -> None:
+    """Sequence 0's cached K/V of ``source`` into sequence 0's blocks of ``target``."""
+    for column in range(-(-source.metadata.seq_lens[0] // source.metadata.block_size)):
+        src = int(source.metadata.block_tables[0, column])
+        dst = int(target.metadata.block_tables[0, column])
+        target.k_cache[dst] = source.k_cache[src]
+        target.v_cache[dst] = source.v_cache[src]

@@ -1,0 +1,195 @@
+"""The cupy backend's launches, checked on the CPU against the kernel sources: every op
+launches kernels that exist, with one argument of the right C type per parameter, and a
+launch shape the hardware takes. (The kernels themselves need a GPU: test_cupy_backend.py.)"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import numpy
+import pytest
+import torch
+
+from metrale_kernels import build_attention_metadata
+from metrale_kernels.cuda import backend as cupy_backend
+from metrale_kernels.cuda.backend import CupyBackend
+from metrale_kernels.cuda.parity import paged_batch
+from metrale_kernels.cuda.sources import SOURCES_BY_NAME, source_code
+from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
+
+_SIGNATURE = re.compile(
+    r'extern "C" __global__ void\s+(?:__launch_bounds__\(\w+\)\s+)?'
+    r"(\w+?)(?:_##SUFFIX)?\s*\(([^)]*)\)"
+)
+_KINDS = {
+    numpy.uint64: "pointer",
+    numpy.int32: "int",
+    numpy.int64: "long long",
+    numpy.float32: "float",
+}
+
+
+def _parameter_kinds(source: str) -> dict[str, list[str]]:
+    """Each kernel's parameters (by base name, the dtype suffix left off) as C type kinds."""
+    kinds = {}
+    code = source_code(SOURCES_BY_NAME[source]).replace("\\\n", " ")
+    for name, params in _SIGNATURE.findall(code):
+        kinds[name] = [
+            "pointer" if "*" in p else "long long" if "long long" in p else p.split()[0]
+            for p in (part.strip() for part in params.split(","))
+        ]
+    return kinds
+
+
+Launch = tuple[str, str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], int]
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[Launch]:
+    recorded: list[Launch] = []
+
+    def record(
+        source: str,
+        function: str,
+        device: torch.device,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        args: tuple[Any, ...],
+        *,
+        shared_mem_bytes: int = 0,
+    ) -> None:
+        recorded.append((source, function, grid, block, args, shared_mem_bytes))
+
+    monkeypatch.setattr(cupy_backend, "launch", record)
+    monkeypatch.setattr(cupy_backend, "_on_cuda", lambda tensor: True)
+    return recorded
+
+
+def _backend() -> CupyBackend:
+    backend = CupyBackend.__new__(CupyBackend)
+    backend._fallbacks_logged = set()
+    return backend
+
+
+def _run_every_op(backend: CupyBackend, dtype: torch.dtype) -> None:
+    x = torch.randn(5, 3 * 64).to(dtype)
+    weight = torch.ones(64, dtype=dtype)
+    backend.rms_norm(x[:, :64], weight, 1e-6)
+    backend.rms_norm(x.view(5, 3, 64), weight, 1e-6)
+    backend.add_rms_norm(x[:, :64].contiguous(), x[:, 64:128].contiguous(), weight, 1e-6)
+    backend.silu_and_mul(x[:, :128])
+    q, k = x.view(5, 3, 64)[:, :2], x.view(5, 3, 64)[:, 2:]
+    table = cos_sin_cache(default_inv_freq(64, 10000.0), 32)
+    backend.apply_rotary(q, k, torch.arange(5), table)
+    caches = [torch.zeros(4, 16, 1, 64, dtype=dtype) for _ in range(2)]
+    backend.write_kv(k, k, caches[0], caches[1], torch.arange(5))
+    batch = paged_batch(
+        seq_lens=[700, 3], query_lens=[1, 3], num_heads=8, num_kv_heads=2, head_dim=64,
+        dtype=dtype, device=torch.device("cpu"),
+    )  # fmt: skip
+    backend.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.125, 256)
+    logits = torch.randn(7, 64).to(dtype)
+    backend.softmax_topk_routing(logits, 4, True)
+    backend.grouped_sigmoid_topk_routing(
+        logits, torch.zeros(64), 4, num_groups=8, topk_groups=2, renormalize=True
+    )
+    backend.pool_index_keys(torch.randn(3, 4, 32).to(dtype), torch.randn(3, 4, 32).to(dtype))
+    backend.select_positions(
+        torch.randn(4, 50),
+        torch.tensor([0, 100, 799, 420]),
+        kpool=16,
+        topk_pools=8,
+        select_tail=True,
+    )
+    backend.index_scores(
+        torch.randn(3, 4, 32).to(dtype), torch.randn(3, 4), torch.randn(9, 32), 0.2
+    )
+    latent = torch.randn(4, 16, 512).to(dtype)
+    selected = torch.tensor([[0, 5, -1], [-1, -1, -1]])
+    backend.sparse_latent_attention(
+        torch.randn(2, 16, 512).to(dtype), latent, torch.arange(4), selected, 0.04
+    )
+
+
+EXPECTED_FUNCTIONS = {
+    "rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "write_kv",
+    "paged_attention_partial", "paged_attention_combine", "softmax_topk",
+    "grouped_sigmoid_topk", "index_scores", "sparse_latent_attention", "pool_index_keys",
+    "select_positions",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_launch_matches_its_kernels_signature(
+    launches: list[Launch], dtype: torch.dtype
+) -> None:
+    _run_every_op(_backend(), dtype)
+    suffix = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    launched = set()
+    for source, function, grid, block, args, shared_mem_bytes in launches:
+        assert function in SOURCES_BY_NAME[source].functions
+        base = function.removesuffix(f"_{suffix}")
+        assert base != function or function == "select_positions", function
+        launched.add(base)
+        assert [_KINDS[type(a)] for a in args] == _parameter_kinds(source)[base], function
+        assert all(n >= 1 for n in grid), (function, grid)
+        assert all(n <= 65535 for n in grid[1:]), (function, grid)
+        threads = block[0]
+        assert threads % 32 == 0, (function, threads)
+        assert threads <= 1024
+        assert shared_mem_bytes <= 48 * 1024
+    assert launched == EXPECTED_FUNCTIONS
+
+
+def test_paged_attention_splits_long_rows_and_bounds_the_partials(launches: list[Launch]) -> None:
+    metadata = build_attention_metadata(
+        block_tables=[list(range(70))], seq_lens=[1100], query_lens=[1], block_size=16
+    )
+    q = torch.randn(1, 4, 64, dtype=torch.bfloat16)
+    cache = torch.zeros(70, 16, 4, 64, dtype=torch.bfloat16)
+    _backend().paged_attention(q, cache, cache, metadata, 0.125)
+    (_, partial, grid, _, _, shared), (_, combine, combine_grid, _, _, _) = launches
+    assert partial == "paged_attention_partial_bf16"
+    assert grid == (1, 4, 5)  # 1100 keys in splits of 256
+    assert combine == "paged_attention_combine_bf16"
+    assert combine_grid == (1, 4)
+    assert shared == 4 * (64 + 32 * 65 + 32 + 3)
+
+
+def test_an_input_without_a_kernel_falls_back_to_the_reference(launches: list[Launch]) -> None:
+    x = torch.randn(3, 8, dtype=torch.float64)
+    out = _backend().rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+    assert not launches
+    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_the_backend_says_which_ops_run_the_reference(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(cupy_backend, "import_cupy", lambda: None)
+    with caplog.at_level(logging.DEBUG, logger="metrale.kernels"):
+        CupyBackend()
+    (line,) = [r.getMessage() for r in caplog.records if "torch reference runs" in r.getMessage()]
+    reference_ops = set(line.split("runs ", 1)[1].split(", "))
+    assert {"fused_moe", "int8_linear", "kda_chunked", "short_conv"} <= reference_ops
+    kernel_ops = {
+        "rms_norm", "add_rms_norm", "silu_and_mul", "apply_rotary", "write_kv",
+        "paged_attention", "softmax_topk_routing", "grouped_sigmoid_topk_routing",
+        "index_scores", "sparse_latent_attention", "pool_index_keys", "select_positions",
+    }  # fmt: skip
+    assert not reference_ops & kernel_ops
+
+
+def test_a_fallback_is_said_once_per_op_and_reason(
+    launches: list[Launch], caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = _backend()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with caplog.at_level(logging.DEBUG, logger="metrale.kernels"):
+        backend.rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+        backend.rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1
+    assert lines[0].startswith("cupy backend: rms_norm falls back to the torch reference")

@@ -1,0 +1,50 @@
+"""``met kernels``: the CUDA kernel sources; ``met kernels check`` compiles them without a GPU."""
+
+from __future__ import annotations
+
+import click
+
+from metrale_server.cli.common import CONTEXT
+
+
+@click.group(context_settings=CONTEXT)
+def kernels() -> None:
+    """The CUDA kernels of the cupy backend."""
+
+
+@kernels.command(context_settings=CONTEXT)
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    default=("sm_80", "sm_90"),
+    show_default=True,
+    help="A GPU architecture to compile for (repeat for several).",
+)
+@click.option(
+    "--compiler",
+    type=click.Choice(["auto", "nvrtc", "nvcc"]),
+    default="auto",
+    show_default=True,
+    help="auto: NVRTC (what runs the kernels) where it loads, else nvcc.",
+)
+def check(archs: tuple[str, ...], compiler: str) -> None:
+    """Compile every kernel source for each arch, one line per source and arch; no GPU needed.
+
+    Exits 1 on any compile error or missing kernel, or when no compiler is found.
+    """
+    from metrale_kernels.cuda.compile_check import check_sources, find_compiler
+
+    found = find_compiler(("nvrtc", "nvcc") if compiler == "auto" else (compiler,))
+    if found is None:
+        raise click.ClickException(
+            "no CUDA compiler: install cupy-cuda12x and nvidia-cuda-nvrtc-cu12 (NVRTC), "
+            "or put nvcc on the PATH"
+        )
+    results = check_sources(found, archs)
+    for result in results:
+        click.echo(result.line())
+    failed = sum(not result.is_ok for result in results)
+    click.echo(f"{len(results) - failed} of {len(results)} compiled")
+    if failed:
+        click.get_current_context().exit(1)
