@@ -11,6 +11,7 @@ import pytest
 
 from metrale_server import LLM, SamplingParams
 from metrale_server.engine.core import RequestError
+from metrale_server.speculative_config import SpeculativeConfig
 from metrale_server.structured import StructuredOutputsParams
 
 PHONE = r"[0-9]{3}-[0-9]{4}"
@@ -69,6 +70,42 @@ def test_grammar_state_survives_preemption(tiny_model_dir: Path, llm: LLM) -> No
     outputs = starved.generate(PROMPTS, params)
     assert starved.engine.scheduler.num_preemptions > 0
     assert [o.outputs[0].text for o in outputs] == reference
+
+
+RECORDS_SCHEMA = {"type": "array", "items": RECORD_SCHEMA, "minItems": 6, "maxItems": 6}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_under_a_grammar_change_nothing(
+    tiny_model_dir: Path, llm: LLM, temperature: float
+) -> None:
+    """n-gram drafts of a constrained output are verified under the grammar's mask at each
+    position: greedy outputs are plain decoding's, sampled ones still follow the grammar."""
+    speculative = LLM(
+        str(tiny_model_dir),
+        max_batch_size=16,
+        dtype="float32",
+        speculative_config=SpeculativeConfig(num_speculative_tokens=4),
+    )
+    params = SamplingParams(
+        max_tokens=200,
+        temperature=temperature,
+        seed=3,
+        structured_outputs=StructuredOutputsParams(json=RECORDS_SCHEMA),
+    )
+    outputs = [o.outputs[0] for o in speculative.generate(PROMPTS, params)]
+    stats = speculative.engine.stats
+    assert stats.num_accepted_tokens > 50, stats
+    for completion in outputs:
+        assert completion.finish_reason == "stop", completion.text
+        records = json.loads(completion.text)
+        assert len(records) == 6
+        assert all(set(record) == {"id", "ok", "label"} for record in records)
+    if temperature == 0.0:
+        plain = [o.outputs[0].text for o in llm.generate(PROMPTS, params)]
+        assert [completion.text for completion in outputs] == plain
+    engine = speculative.engine
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
 
 
 def test_grammar_ends_the_output_despite_ignore_eos_and_min_tokens(llm: LLM) -> None:

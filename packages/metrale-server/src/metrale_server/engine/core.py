@@ -392,17 +392,12 @@ class EngineCore:
         ]
 
     def _draft_room(self, seq: Sequence) -> int:
-        """How many drafts ``seq`` can take: none for requests with penalties, logit bias or
-        a grammar, or before min_tokens; else its room less the one token the step adds after
-        the drafts."""
+        """How many drafts ``seq`` can take: none for requests with penalties or logit bias,
+        or before min_tokens; else its room less the one token the step adds after the
+        drafts."""
         params = seq.params
         assert params.max_tokens is not None
-        if (
-            has_penalty(params)
-            or params.logit_bias
-            or seq.grammar is not None
-            or seq.num_output_tokens < params.min_tokens
-        ):
+        if has_penalty(params) or params.logit_bias or seq.num_output_tokens < params.min_tokens:
             return 0
         room = min(params.max_tokens - seq.num_output_tokens, self.max_seq_len - seq.num_tokens)
         return room - 1

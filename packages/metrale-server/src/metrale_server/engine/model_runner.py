@@ -18,6 +18,7 @@ from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.sampling.sampler import sample
 from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sampling_batch
 from metrale_server.speculative import target_probs, verify_greedy, verify_sampled
+from metrale_server.speculative.grammar_mask import mask_by_grammar
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -235,9 +236,12 @@ class ModelRunner:
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[SampledToken]:
         """The tokens a sequence with drafts emits: the drafts kept, then one more, with their
-        logprobs when the request asks (a drafted request has no logit processing, so they are
-        the log-softmax of its logits, as plain decoding reports them)."""
+        logprobs when the request asks (a drafted request has no logit processing but its
+        grammar's mask, so they are the log-softmax of its masked logits, as plain decoding
+        reports them)."""
         params = seq.params
+        if seq.grammar is not None:
+            mask_by_grammar(logits, seq.draft_token_ids, seq.grammar)
         if params.is_greedy:
             emitted = verify_greedy(logits, seq.draft_token_ids)
         else:
