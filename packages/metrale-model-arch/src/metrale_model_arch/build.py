@@ -17,6 +17,12 @@ from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
+from metrale_model_arch.parallel import (
+    TensorShard,
+    apply_tensor_parallel,
+    shard_checkpoint,
+    shard_config,
+)
 from metrale_model_arch.registry import architecture_for
 from metrale_model_arch.weight_format import Quantization
 
@@ -96,6 +102,7 @@ def build_model(
     allocator: TensorAllocator = plain_allocator,
     mapping: CheckpointMapping | None = None,
     quantization: Quantization = Quantization.NONE,
+    shard: TensorShard | None = None,
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
@@ -110,15 +117,31 @@ def build_model(
     With ``quantization`` ``int8``, the embeddings and the projections the architecture lists
     (``int8_linears``) are quantized per row as their tensors arrive
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
-    ``ValueError``. Returns the model in eval mode, no grads.
+    ``ValueError``. With a ``shard`` of a world over one rank, the model is that rank's part
+    (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
+    layers swapped in, from ``weights`` narrowed to the shard as they stream (int8 raises
+    ``ValueError``). Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
     record = architecture_for(config)
     assert record.module is not None
     assert record.checkpoint_mapping is not None
-    target_of = mapping or record.checkpoint_mapping(config)
+    is_split = shard is not None and shard.world_size > 1
+    rank_config = shard_config(config, shard.world_size) if shard is not None else config
+    if is_split:
+        assert shard is not None
+        if quantization == Quantization.INT8:
+            raise ValueError(
+                "int8 weights are not split across ranks yet; with --tensor-parallel-size "
+                "above 1 pass --quantization none"
+            )
+        weights = shard_checkpoint(weights, config, shard)
+    target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
-        model = record.module(config, max_seq_len=max_seq_len, backend=get_backend(device))
+        model = record.module(rank_config, max_seq_len=max_seq_len, backend=get_backend(device))
+        if is_split:
+            assert shard is not None
+            apply_tensor_parallel(model, shard)
         int8_rows: dict[str, Int8Rows] = {}
         if quantization == Quantization.INT8:
             if not record.int8_linears:

@@ -16,6 +16,7 @@ from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
+from metrale_model_arch.parallel.shard import TensorShard, shard_config
 from metrale_model_arch.tokenizer import Tokenizer
 from metrale_model_arch.weight_format import Quantization
 
@@ -39,6 +40,16 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     quantization: Quantization = Quantization.NONE
+    # This rank's part of a model split across ranks; ``None``: the whole model.
+    shard: TensorShard | None = None
+
+    @property
+    def rank_config(self) -> ModelConfig:
+        """The config of the part this process holds (what its KV cache and arena are sized
+        by); ``config`` is the whole model's."""
+        return (
+            self.config if self.shard is None else shard_config(self.config, self.shard.world_size)
+        )
 
     @property
     def max_seq_len(self) -> int:
@@ -86,6 +97,7 @@ def load_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization | str = Quantization.NONE,
+    shard: TensorShard | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
@@ -95,6 +107,7 @@ def load_model(
     ``on_progress(done, total)`` hears of every checkpoint tensor loaded. ``quantization``
     ``int8`` stores the embeddings and projections as int8 per row
     (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations' and norms'.
+    ``shard``: load only this rank's part (:mod:`~metrale_model_arch.parallel`).
     """
     quantization = Quantization(quantization)
     source = resolve_model(name)
@@ -110,6 +123,7 @@ def load_model(
             allocator=allocator,
             on_progress=on_progress,
             quantization=quantization,
+            shard=shard,
         )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
@@ -126,6 +140,7 @@ def load_model(
             allocator=allocator,
             on_progress=on_progress,
             quantization=quantization,
+            shard=shard,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(
@@ -149,4 +164,5 @@ def load_model(
         dtype=dtype,
         device=device,
         quantization=quantization,
+        shard=shard,
     )

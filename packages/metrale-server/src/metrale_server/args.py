@@ -28,6 +28,8 @@ class EngineArgs:
     ``enforce_eager`` (default: the ``METRALE_ENFORCE_EAGER`` lever), a dense llama-family
     model on the CPU runs its layer steps compiled once a background compile finishes.
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
+    ``tensor_parallel_size`` above 1 splits the model over that many ranks
+    (:mod:`metrale_server.distributed`): workers started here, or by ``torchrun``.
     ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
     VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
     """
@@ -47,6 +49,7 @@ class EngineArgs:
     enforce_eager: bool = attrs.field(factory=lambda: read_bool_lever("METRALE_ENFORCE_EAGER"))
     seed: int = 0
     speculative_config: SpeculativeConfig | None = None
+    tensor_parallel_size: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.quantization not in QUANTIZATION_CHOICES:
@@ -54,7 +57,7 @@ class EngineArgs:
                 f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
                 f"got {self.quantization!r}"
             )
-        for name in ("block_size", "max_batch_tokens"):
+        for name in ("block_size", "max_batch_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

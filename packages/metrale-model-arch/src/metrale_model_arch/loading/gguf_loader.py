@@ -23,6 +23,7 @@ from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_dequant import dequantize
 from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.parallel.shard import TensorShard
 from metrale_model_arch.registry import planned_architecture
 from metrale_model_arch.weight_format import Quantization
 
@@ -77,6 +78,7 @@ def load_gguf_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
+    shard: TensorShard | None = None,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
@@ -95,6 +97,7 @@ def load_gguf_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             quantization=quantization,
+            shard=shard,
         )
 
 

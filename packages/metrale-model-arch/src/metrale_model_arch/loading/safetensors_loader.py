@@ -18,6 +18,7 @@ from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.parallel.shard import TensorShard
 from metrale_model_arch.weight_format import Quantization
 
 SINGLE_FILE = "model.safetensors"
@@ -76,6 +77,7 @@ def load_safetensors_model(
     allocator: TensorAllocator = plain_allocator,
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
+    shard: TensorShard | None = None,
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
     if config.quantization_method is not None:
@@ -95,6 +97,7 @@ def load_safetensors_model(
             max_seq_len=max_seq_len,
             allocator=allocator,
             quantization=quantization,
+            shard=shard,
         )
 
 

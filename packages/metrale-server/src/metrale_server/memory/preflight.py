@@ -20,6 +20,7 @@ from metrale_model_arch.memory import (
     paged_indexer_bytes_per_token,
     plan_memory,
 )
+from metrale_model_arch.parallel import shard_config
 from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
 from metrale_server.devices import resolve_quantization
 from metrale_server.memory.host_memory import host_total_memory_bytes
@@ -70,7 +71,15 @@ def plan_inputs(
     Raises ``ValueError`` naming ``--block-size`` when the paged DSA indexer cannot use it.
     """
     if quantization is None:
-        quantization = resolve_quantization(args.quantization, device, dtype, config)
+        if args.tensor_parallel_size > 1 and args.quantization == "auto":
+            quantization = Quantization.NONE  # int8 weights are not split across ranks
+        else:
+            quantization = resolve_quantization(args.quantization, device, dtype, config)
+    if args.tensor_parallel_size > 1 and quantization == Quantization.INT8:
+        raise ValueError(
+            f"--quantization int8 with --tensor-parallel-size {args.tensor_parallel_size}: int8 "
+            "weights are not split across ranks yet; pass --quantization none"
+        )
     paged = indexer_paged()
     if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
         pool = config.dsa.index_kpool
@@ -105,11 +114,16 @@ def plan_engine_memory(
     total_bytes: int | None = None,
     quantization: Quantization | None = None,
 ) -> MemoryPlan:
-    """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot."""
+    """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot.
+
+    With ``tensor_parallel_size`` N, the plan of one rank: its weights (the model's over N)
+    and its KV heads, from ``shard_config`` (raising ``TensorParallelError``, a
+    ``ValueError``, when N does not split the model).
+    """
     inputs = plan_inputs(
         args, config, device=device, dtype=dtype, total_bytes=total_bytes, quantization=quantization
     )
-    return plan_memory(config, inputs)
+    return plan_memory(shard_config(config, args.tensor_parallel_size), inputs)
 
 
 def weight_format(inputs: PlanInputs) -> str:
