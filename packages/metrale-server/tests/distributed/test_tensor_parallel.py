@@ -1,0 +1,116 @@
+"""Two ranks over gloo on 127.0.0.1 give what one rank gives: the same greedy tokens, every
+step's logits within 1e-5, with batching and preemption; each rank's ledger is its plan."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from metrale_server import Engine, EngineArgs, SamplingParams
+from metrale_server.distributed import WorkerLostError
+
+PROMPTS = [[1, 2, 3, 400 + i, 500 + 7 * i] * (1 + i % 3) for i in range(5)]
+
+
+def engine_args(model: Path, world_size: int, num_kv_blocks: int) -> EngineArgs:
+    return EngineArgs(
+        model=str(model),
+        dtype="float32",
+        quantization="none",
+        block_size=4,
+        max_seq_len=128,
+        max_batch_size=4,
+        max_batch_tokens=64,
+        num_kv_blocks=num_kv_blocks,
+        tensor_parallel_size=world_size,
+    )
+
+
+def run(engine: Engine, max_tokens: int) -> tuple[list[tuple[int, ...]], list[torch.Tensor]]:
+    """Greedy tokens per prompt, and every step's logits rows."""
+    runner = engine.core.runner
+    forward = runner.forward
+    logits: list[torch.Tensor] = []
+
+    def recording(step):  # type: ignore[no-untyped-def]
+        rows = forward(step)
+        logits.append(rows.clone())
+        return rows
+
+    runner.forward = recording  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for index, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{index}", prompt, params)
+    tokens: dict[str, tuple[int, ...]] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[output.request_id] = output.outputs[0].token_ids
+    return [tokens[f"r{i}"] for i in range(len(PROMPTS))], logits
+
+
+@pytest.fixture(params=["llama", "qwen3", "qwen3_moe"])
+def model_dir(
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tiny_qwen3_dir: Path,
+    tiny_qwen3_moe_dir: Path,
+) -> Path:
+    return {"llama": tiny_model_dir, "qwen3": tiny_qwen3_dir, "qwen3_moe": tiny_qwen3_moe_dir}[
+        request.param
+    ]
+
+
+@pytest.mark.parametrize("num_kv_blocks", [64, 12])  # 12 blocks of 4: preemptions
+def test_two_ranks_match_one(model_dir: Path, num_kv_blocks: int) -> None:
+    single = Engine(engine_args(model_dir, 1, num_kv_blocks))
+    expected_tokens, expected_logits = run(single, max_tokens=8)
+    split = Engine(engine_args(model_dir, 2, num_kv_blocks))
+    try:
+        tokens, logits = run(split, max_tokens=8)
+        assert split.stats.num_preemptions == single.stats.num_preemptions
+        assert (split.stats.num_preemptions > 0) == (num_kv_blocks == 12)
+    finally:
+        split.close()
+    assert tokens == expected_tokens
+    assert len(logits) == len(expected_logits)
+    for got, want in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
+
+
+def test_every_rank_allocates_its_plan_of_half_the_heads(tiny_model_dir: Path) -> None:
+    single = Engine(engine_args(tiny_model_dir, 1, 64))
+    split = Engine(engine_args(tiny_model_dir, 2, 64))
+    try:
+        memory = split.core.rank_memory
+    finally:
+        split.close()
+    assert [m.rank for m in memory] == [0, 1]
+    whole = single.plan.allocated_by_owner()
+    for rank in memory:
+        assert rank.ledger_by_owner == rank.planned_by_owner
+        # 2 KV heads: one a rank; the vocabulary's rows split in two.
+        assert rank.planned_by_owner["kv_pool"] * 2 == whole["kv_pool"]
+        assert rank.planned_by_owner["weights.embeddings"] * 2 == whole["weights.embeddings"]
+        assert rank.planned_by_owner["weights.layers"] < whole["weights.layers"]
+
+
+def test_a_killed_worker_fails_the_step_naming_its_rank(tiny_model_dir: Path) -> None:
+    engine = Engine(engine_args(tiny_model_dir, 2, 64))
+    try:
+        assert engine.core.parallel is not None
+        worker = engine.core.parallel.processes[0]
+        worker.kill()
+        worker.join(10)
+        start = time.monotonic()
+        engine.add_request("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4))
+        with pytest.raises(WorkerLostError, match=r"rank 1 \(pid \d+\) exited with code -9"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert time.monotonic() - start < 30
+    finally:
+        engine.close()
+    assert not worker.is_alive()
