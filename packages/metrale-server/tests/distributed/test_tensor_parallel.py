@@ -52,6 +52,11 @@ def run(engine: Engine, max_tokens: int) -> tuple[list[tuple[int, ...]], list[to
     return [tokens[f"r{i}"] for i in range(len(PROMPTS))], logits
 
 
+def drain(engine: Engine) -> None:
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe"])
 def model_dir(
     request: pytest.FixtureRequest,
@@ -108,8 +113,7 @@ def test_a_killed_worker_fails_the_step_naming_its_rank(tiny_model_dir: Path) ->
         start = time.monotonic()
         engine.add_request("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4))
         with pytest.raises(WorkerLostError, match=r"rank 1 \(pid \d+\) exited with code -9"):
-            while engine.has_unfinished_requests():
-                engine.step()
+            drain(engine)
         assert time.monotonic() - start < 30
     finally:
         engine.close()

@@ -50,6 +50,7 @@ class PlanOptions:
     dtype: str
     quantization: str
     device: str
+    tensor_parallel_size: int
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -64,6 +65,7 @@ class PlanOptions:
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            tensor_parallel_size=self.tensor_parallel_size,
             **fields,
         )
 
@@ -74,7 +76,7 @@ _PLAN_FIELDS = tuple(field.name for field in attrs.fields(PlanOptions))
 def plan_options(command: F) -> F:
     """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
     ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype``,
-    ``--quantization`` and ``--device``."""
+    ``--quantization``, ``--device`` and ``--tensor-parallel-size``."""
     options = [
         click.option(
             "--max-seq-len",
@@ -150,6 +152,17 @@ def plan_options(command: F) -> F:
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            "-tp",
+            type=click.IntRange(min=1),
+            default=_DEFAULTS.tensor_parallel_size,
+            show_default=True,
+            help="Ranks the model is split over (attention heads, MLP rows, vocabulary, MoE "
+            "experts); the plan is one rank's. `met serve` starts the other ranks on this host "
+            "(gloo on the CPU, NCCL on CUDA), or, under torchrun, joins the ranks it started "
+            "(default then: WORLD_SIZE).",
         ),
     ]
 

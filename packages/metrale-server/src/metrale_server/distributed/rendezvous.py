@@ -18,6 +18,8 @@ class Rendezvous:
     local_rank: int
     master_addr: str
     master_port: int
+    # Started by a launcher (torchrun), whose store the ranks join through ``env://``.
+    is_launched: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Rendezvous | None:
@@ -37,6 +39,7 @@ class Rendezvous:
             local_rank=int(environ["LOCAL_RANK"]),
             master_addr=environ["MASTER_ADDR"],
             master_port=int(environ["MASTER_PORT"]),
+            is_launched=True,
         )
 
     @classmethod
@@ -55,6 +58,8 @@ class Rendezvous:
 
     @property
     def init_method(self) -> str:
+        if self.is_launched:
+            return "env://"
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 
