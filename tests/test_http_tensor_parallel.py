@@ -4,6 +4,7 @@ ends the server, non-zero, naming the rank, and leaves no process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -57,10 +58,8 @@ def _start(command: list[str], port: int, log_path: Path) -> ServerProcess:
 
 
 def _kill_group(server: ServerProcess) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     server.process.wait()
 
 
