@@ -20,6 +20,7 @@ from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owne
 from metrale_model_arch.parallel import (
     TensorShard,
     apply_tensor_parallel,
+    check_runs_split,
     shard_checkpoint,
     shard_config,
 )
@@ -130,6 +131,7 @@ def build_model(
     rank_config = shard_config(config, shard.world_size) if shard is not None else config
     if is_split:
         assert shard is not None
+        check_runs_split(config, shard.world_size)
         if quantization == Quantization.INT8:
             raise ValueError(
                 "int8 weights are not split across ranks yet; with --tensor-parallel-size "

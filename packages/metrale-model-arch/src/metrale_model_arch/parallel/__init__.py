@@ -17,6 +17,7 @@ from metrale_model_arch.parallel.shard import (
     TENSOR_PARALLEL_MODEL_TYPES,
     TensorParallelError,
     TensorShard,
+    check_runs_split,
     shard_config,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "TensorShard",
     "VocabParallelEmbedding",
     "apply_tensor_parallel",
+    "check_runs_split",
     "gather_vocab_logits",
     "shard_checkpoint",
     "shard_config",

@@ -13,7 +13,7 @@ import attrs
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, weight_owner
 from metrale_model_arch.owners import ROPE_TABLE_BUFFER
-from metrale_model_arch.parallel import TensorShard
+from metrale_model_arch.parallel import TensorShard, check_runs_split
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.distributed.rank_memory import RankMemory
@@ -93,6 +93,7 @@ class EngineCore:
                 plan = plan_engine_memory(args, config, device=device, dtype=dtype)
             shard = None
             if world_size > 1:
+                check_runs_split(read_model_config(resolve_model(args.model)), world_size)
                 self.parallel = TensorParallelGroup.start(world_size, device.type)
                 self.parallel.share(worker_engine_args(args, plan))
                 shard = TensorShard(rank=0, world_size=world_size)
