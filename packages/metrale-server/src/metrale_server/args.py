@@ -29,7 +29,7 @@ class EngineArgs:
     model on the CPU runs its layer steps compiled once a background compile finishes.
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
     ``tensor_parallel_size`` above 1 splits the model over that many ranks
-    (:mod:`metrale_server.distributed`): workers started here, or by ``torchrun``.
+    (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
     ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
     VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
     """

@@ -254,7 +254,7 @@ def _join_launcher(plan: PlanOptions) -> PlanOptions:
     """Under torchrun: rank 0 goes on to serve (``--tensor-parallel-size`` defaults to
     WORLD_SIZE); every other rank becomes a worker and exits when rank 0 ends the group."""
     from metrale_server.devices import resolve_device
-    from metrale_server.distributed import Rendezvous
+    from metrale_server.engine.distributed import Rendezvous
 
     try:
         launched = Rendezvous.from_environ()
@@ -270,7 +270,7 @@ def _join_launcher(plan: PlanOptions) -> PlanOptions:
         )
     if launched.rank != 0:
         from metrale_server.cli.serve_runtime import configure_logging
-        from metrale_server.distributed.worker import run_worker
+        from metrale_server.engine.distributed.worker import run_worker
 
         configure_logging("info")
         click.get_current_context().exit(run_worker(launched, resolve_device(plan.device).type))

@@ -31,7 +31,7 @@ from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
 from metrale_server.cli.serve_args import ServeArgs
 from metrale_server.devices import kernel_summary, resolve_device, resolve_dtype
-from metrale_server.distributed.process_group import backend_for
+from metrale_server.engine.distributed.process_group import backend_for
 from metrale_server.engine.engine import Engine
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger

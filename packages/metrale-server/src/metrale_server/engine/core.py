@@ -16,9 +16,9 @@ from metrale_model_arch.owners import ROPE_TABLE_BUFFER
 from metrale_model_arch.parallel import TensorShard, check_runs_split
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.distributed.rank_memory import RankMemory
-from metrale_server.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.distributed.rank_memory import RankMemory
+from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.model_runner import ModelRunner, SampledToken
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig

@@ -32,7 +32,7 @@ class SampledToken:
 
 
 class WorkerChannel(Protocol):
-    """Rank 0's side of a tensor-parallel group (:mod:`metrale_server.distributed`)."""
+    """Rank 0's side of a tensor-parallel group (:mod:`metrale_server.engine.distributed`)."""
 
     def step(self, inputs: StepInputs) -> AbstractContextManager[None]:
         """Send ``inputs`` to every worker; the forward runs inside, the collectives of no

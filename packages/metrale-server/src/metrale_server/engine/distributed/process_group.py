@@ -7,7 +7,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from metrale_server.distributed.rendezvous import Rendezvous
+from metrale_server.engine.distributed.rendezvous import Rendezvous
 
 # A collective that waits longer than this fails: a hung worker ends the server, never hangs it.
 COLLECTIVE_TIMEOUT_S = 20.0

@@ -11,15 +11,15 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from metrale_server.args import EngineArgs
-from metrale_server.distributed.channel import WorkerChannel
-from metrale_server.distributed.process_group import (
+from metrale_server.engine.distributed.channel import WorkerChannel
+from metrale_server.engine.distributed.process_group import (
     join_process_group,
     leave_process_group,
     start_up_group,
 )
-from metrale_server.distributed.rank_memory import RankMemory
-from metrale_server.distributed.rendezvous import Rendezvous
-from metrale_server.distributed.worker import WorkerSpec, spawned_worker_main
+from metrale_server.engine.distributed.rank_memory import RankMemory
+from metrale_server.engine.distributed.rendezvous import Rendezvous
+from metrale_server.engine.distributed.worker import WorkerSpec, spawned_worker_main
 
 JOIN_TIMEOUT_S = 10.0
 LOST_WORKER_WAIT_S = 2.0

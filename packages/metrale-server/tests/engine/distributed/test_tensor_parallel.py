@@ -3,6 +3,8 @@ step's logits within 1e-5, with batching and preemption; each rank's ledger is i
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import pytest
 import torch
 
 from metrale_server import Engine, EngineArgs, SamplingParams
-from metrale_server.distributed import WorkerLostError
+from metrale_server.engine.distributed import WorkerLostError
+from metrale_server.engine.distributed.process_group import COLLECTIVE_TIMEOUT_S
 
 PROMPTS = [[1, 2, 3, 400 + i, 500 + 7 * i] * (1 + i % 3) for i in range(5)]
 
@@ -115,6 +118,23 @@ def test_a_killed_worker_fails_the_step_naming_its_rank(tiny_model_dir: Path) ->
         with pytest.raises(WorkerLostError, match=r"rank 1 \(pid \d+\) exited with code -9"):
             drain(engine)
         assert time.monotonic() - start < 30
+    finally:
+        engine.close()
+    assert not worker.is_alive()
+
+
+def test_a_hung_worker_fails_the_step_within_the_collective_timeout(tiny_model_dir: Path) -> None:
+    engine = Engine(engine_args(tiny_model_dir, 2, 64))
+    try:
+        assert engine.core.parallel is not None
+        worker = engine.core.parallel.processes[0]
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        engine.add_request("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4))
+        with pytest.raises(WorkerLostError, match="did not answer"):
+            drain(engine)
+        assert time.monotonic() - start < COLLECTIVE_TIMEOUT_S + 10
     finally:
         engine.close()
     assert not worker.is_alive()

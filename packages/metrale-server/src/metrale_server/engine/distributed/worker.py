@@ -13,14 +13,14 @@ from metrale_model_arch import load_model, read_model_config, resolve_model
 from metrale_model_arch.parallel import TensorShard
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
-from metrale_server.distributed.channel import Heartbeat, Stop, broadcast_message
-from metrale_server.distributed.process_group import (
+from metrale_server.engine.distributed.channel import Heartbeat, Stop, broadcast_message
+from metrale_server.engine.distributed.process_group import (
     join_process_group,
     leave_process_group,
     start_up_group,
 )
-from metrale_server.distributed.rank_memory import RankMemory
-from metrale_server.distributed.rendezvous import Rendezvous
+from metrale_server.engine.distributed.rank_memory import RankMemory
+from metrale_server.engine.distributed.rendezvous import Rendezvous
 from metrale_server.engine.model_runner import ModelRunner
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
