@@ -205,7 +205,7 @@ class ModelRunner:
         )
         if self.workers is None:
             return self.run_step(inputs, metadata)
-        with self.workers.step(inputs.detached()):
+        with self.workers.step(inputs.to_host()):
             return self.run_step(inputs, metadata)
 
     @torch.inference_mode()
@@ -216,6 +216,7 @@ class ModelRunner:
         inputs): the whole vocabulary's logits rows, gathered from every rank's part."""
         self.copy_blocks(inputs.block_copies)
         if metadata is None:
+            inputs = inputs.to(self.device)
             metadata = inputs.metadata()
         hidden: torch.Tensor = self.loaded.model(
             inputs.input_ids, inputs.positions, self.kv_caches, metadata, self.seq_states

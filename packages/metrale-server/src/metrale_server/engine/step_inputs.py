@@ -40,11 +40,23 @@ class StepInputs:
             state_slots=self.state_slots,
         )
 
-    def detached(self) -> StepInputs:
-        """A copy whose tensors own their storage (arena views would send the whole arena)."""
+    def to_host(self) -> StepInputs:
+        """A copy on the CPU whose tensors own their storage: what is sent to the workers
+        (an arena view would pickle the whole arena; a CUDA tensor would unpickle on the
+        sender's device)."""
+        return self.to(torch.device("cpu"), copy=True)
+
+    def to(self, device: torch.device, *, copy: bool = False) -> StepInputs:
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(device, copy=copy)
+
         return attrs.evolve(
             self,
-            input_ids=self.input_ids.clone(),
-            positions=self.positions.clone(),
-            slot_mapping=self.slot_mapping.clone(),
+            input_ids=move(self.input_ids),
+            positions=move(self.positions),
+            slot_mapping=move(self.slot_mapping),
+            query_start_loc=move(self.query_start_loc),
+            seq_lens_tensor=move(self.seq_lens_tensor),
+            block_tables=move(self.block_tables),
+            state_slots=None if self.state_slots is None else move(self.state_slots),
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -138,3 +140,38 @@ def test_a_hung_worker_fails_the_step_within_the_collective_timeout(tiny_model_d
     finally:
         engine.close()
     assert not worker.is_alive()
+
+
+RANK_ZERO_DIES = """
+import os, signal, sys
+from metrale_server import LLM
+
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], dtype="float32", quantization="none", num_kv_blocks=64,
+              max_seq_len=128, tensor_parallel_size=2)
+    print(llm.engine.core.parallel.processes[0].pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_workers_end_when_rank_zero_is_killed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "rank_zero_dies.py"
+    script.write_text(RANK_ZERO_DIES)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    worker_pid = int(result.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker_pid, signal.SIGKILL)
+    pytest.fail(f"worker {worker_pid} outlived rank 0 by 30 s")
