@@ -175,3 +175,20 @@ def test_workers_end_when_rank_zero_is_killed(tiny_model_dir: Path, tmp_path: Pa
         time.sleep(0.1)
     os.kill(worker_pid, signal.SIGKILL)
     pytest.fail(f"worker {worker_pid} outlived rank 0 by 30 s")
+
+
+def test_four_ranks_over_two_kv_heads_replicate_them(tiny_model_dir: Path) -> None:
+    single = Engine(engine_args(tiny_model_dir, 1, 64))
+    expected_tokens, expected_logits = run(single, max_tokens=4)
+    split = Engine(engine_args(tiny_model_dir, 4, 64))
+    try:
+        tokens, logits = run(split, max_tokens=4)
+        memory = split.core.rank_memory
+    finally:
+        split.close()
+    assert tokens == expected_tokens
+    for got, want in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
+    # One KV head a rank (each of the two held by two ranks): half of one rank's pool at 1.
+    whole_kv = single.plan.allocated_by_owner()["kv_pool"]
+    assert [m.planned_by_owner["kv_pool"] * 2 for m in memory] == [whole_kv] * 4
