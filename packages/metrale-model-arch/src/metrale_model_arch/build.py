@@ -20,6 +20,7 @@ from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owne
 from metrale_model_arch.parallel import (
     TensorShard,
     apply_tensor_parallel,
+    apply_tensor_parallel_int8,
     check_runs_split,
     shard_checkpoint,
     shard_config,
@@ -120,8 +121,8 @@ def build_model(
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
     ``ValueError``. With a ``shard`` of a world over one rank, the model is that rank's part
     (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
-    layers swapped in, from ``weights`` narrowed to the shard as they stream (int8 raises
-    ``ValueError``). Returns the model in eval mode, no grads.
+    layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream.
+    Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
     record = architecture_for(config)
@@ -132,11 +133,6 @@ def build_model(
     if is_split:
         assert shard is not None
         check_runs_split(config, shard.world_size)
-        if quantization == Quantization.INT8:
-            raise ValueError(
-                "int8 weights are not split across ranks yet; with --tensor-parallel-size "
-                "above 1 pass --quantization none"
-            )
         weights = shard_checkpoint(weights, config, shard)
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
@@ -152,6 +148,9 @@ def build_model(
                     "yet; use quantization 'none'"
                 )
             int8_rows = swap_in_int8(model, record.int8_linears, model.backend)
+            if is_split:
+                assert shard is not None
+                apply_tensor_parallel_int8(model, shard)
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

@@ -5,14 +5,19 @@ from __future__ import annotations
 from torch import nn
 
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.llama import LlamaAttention, LlamaMLP
 from metrale_model_arch.families.moe import SparseMoeBlock
 from metrale_model_arch.parallel.layers import (
     ExpertParallelMoeBlock,
+    Int8RowParallelLinear,
+    Int8VocabParallelEmbedding,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
 from metrale_model_arch.parallel.shard import TensorShard
+
+ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def apply_tensor_parallel(model: CausalLM, shard: TensorShard) -> None:
@@ -41,6 +46,19 @@ def apply_tensor_parallel(model: CausalLM, shard: TensorShard) -> None:
     if tied:
         assert isinstance(head, nn.Linear)
         head.weight = inner.embed_tokens.weight
+
+
+def apply_tensor_parallel_int8(model: CausalLM, shard: TensorShard) -> None:
+    """After :func:`apply_tensor_parallel` and the int8 swap (which replaced the row-parallel
+    projections and the embeddings with plain int8 stand-ins): give them back their collective.
+    Same buffers and names; only the forward changes."""
+    for name, module in model.named_modules():
+        if isinstance(module, Int8Linear) and name.rpartition(".")[2] in ROW_PARALLEL:
+            module.__class__ = Int8RowParallelLinear
+        elif isinstance(module, Int8Embedding):
+            module.__class__ = Int8VocabParallelEmbedding
+            assert isinstance(module, Int8VocabParallelEmbedding)
+            module.start = shard.rank * module.logical_shape[0]
 
 
 def _row_parallel(linear: nn.Module) -> RowParallelLinear:

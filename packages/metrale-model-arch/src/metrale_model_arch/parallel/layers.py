@@ -14,6 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
+from metrale_kernels import dequantize_rows
+from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.moe import SparseMoeBlock
 
 
@@ -37,6 +39,32 @@ class VocabParallelEmbedding(nn.Embedding):
         local = ids - self.start
         outside = (local < 0) | (local >= self.num_embeddings)
         rows = self.weight[local.masked_fill(outside, 0)]
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        dist.all_reduce(rows)
+        return rows
+
+
+class Int8RowParallelLinear(Int8Linear):
+    """:class:`RowParallelLinear` over int8 weights: each rank's per-row scales are those of
+    its own columns."""
+
+    def forward(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        partial = self.backend.int8_linear(x, self.qweight, self.scale, None, out=out)
+        dist.all_reduce(partial)
+        return partial if self.bias is None else partial + self.bias
+
+
+class Int8VocabParallelEmbedding(Int8Embedding):
+    """:class:`VocabParallelEmbedding` over an int8 table (``start`` set by
+    :func:`~metrale_model_arch.parallel.apply.apply_tensor_parallel_int8`)."""
+
+    start: int
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.logical_shape[0])
+        inside = local.masked_fill(outside, 0)
+        rows = dequantize_rows(self.qweight[inside], self.scale[inside])
         rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
         dist.all_reduce(rows)
         return rows

@@ -61,7 +61,7 @@ def run_memory(
     dtype = resolve_dtype(engine_args.dtype, device)
     quantization = resolve_quantization(engine_args.quantization, device, dtype, config)
     if engine_args.tensor_parallel_size > 1 and engine_args.quantization == "auto":
-        quantization = Quantization.NONE  # as the serve resolves it: int8 is not split
+        quantization = Quantization.NONE  # as the serve resolves it (preflight.plan_inputs)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)
     try:
         plan = plan_engine_memory(

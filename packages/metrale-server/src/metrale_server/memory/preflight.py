@@ -72,14 +72,11 @@ def plan_inputs(
     """
     if quantization is None:
         if args.tensor_parallel_size > 1 and args.quantization == "auto":
-            quantization = Quantization.NONE  # int8 weights are not split across ranks
+            # NOTE: split int8 weights quantize each rank's columns of o_proj and down_proj
+            # apart, so they differ from one rank's; float weights are the same split or not.
+            quantization = Quantization.NONE
         else:
             quantization = resolve_quantization(args.quantization, device, dtype, config)
-    if args.tensor_parallel_size > 1 and quantization == Quantization.INT8:
-        raise ValueError(
-            f"--quantization int8 with --tensor-parallel-size {args.tensor_parallel_size}: int8 "
-            "weights are not split across ranks yet; pass --quantization none"
-        )
     paged = indexer_paged()
     if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
         pool = config.dsa.index_kpool

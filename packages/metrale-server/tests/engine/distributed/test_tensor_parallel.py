@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -192,3 +193,23 @@ def test_four_ranks_over_two_kv_heads_replicate_them(tiny_model_dir: Path) -> No
     # One KV head a rank (each of the two held by two ranks): half of one rank's pool at 1.
     whole_kv = single.plan.allocated_by_owner()["kv_pool"]
     assert [m.planned_by_owner["kv_pool"] * 2 for m in memory] == [whole_kv] * 4
+
+
+def test_split_int8_weights_stay_as_close_to_float_as_one_rank(tiny_model_dir: Path) -> None:
+    """Each rank quantizes its own columns of o_proj and down_proj (per-row scales over fewer
+    columns), so split int8 logits are not one rank's; they must be no further from float."""
+    int8 = attrs.evolve(engine_args(tiny_model_dir, 1, 64), quantization="int8")
+    _, float_logits = run(Engine(engine_args(tiny_model_dir, 1, 64)), max_tokens=1)
+    _, int8_logits = run(Engine(int8), max_tokens=1)
+    split = Engine(attrs.evolve(int8, tensor_parallel_size=2))
+    try:
+        assert split.loaded.quantization == "int8"
+        _, split_logits = run(split, max_tokens=1)
+        memory = split.core.rank_memory
+    finally:
+        split.close()
+    assert all(m.ledger_by_owner == m.planned_by_owner for m in memory)
+    one_rank_error = (int8_logits[0] - float_logits[0]).abs().max().item()
+    split_error = (split_logits[0] - float_logits[0]).abs().max().item()
+    assert one_rank_error > 0
+    assert split_error < 2 * one_rank_error
