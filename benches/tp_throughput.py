@@ -8,7 +8,8 @@ with ``tensor_parallel_size`` 1 and 2, both eager. Throughput = output tokens / 
 ``generate``, after a warm-up request. With two ranks on one host each step also pays a
 broadcast of its inputs, two all-reduces per layer and a gather of the logits, while the
 ranks share the machine's cores: on a 2-core machine expect no gain (the figure is for the
-record). Prints one line per size, then the ratio.
+record). Rank 0 runs with torch's thread count (``OMP_NUM_THREADS``), each worker with the
+cores over the ranks. Prints one line per size, then the ratio.
 """
 
 from __future__ import annotations
