@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import torch.distributed as dist
 import torch.multiprocessing
@@ -105,7 +106,13 @@ class TensorParallelGroup:
             if dead:
                 return "; ".join(dead)
             if time.monotonic() > deadline:
-                return "rank(s) did not answer within the collective timeout (hung?)"
+                stuck = [
+                    f"rank {rank} (pid {process.pid}) is {state}"
+                    for rank, process in enumerate(self.processes, start=1)
+                    if (state := _process_state(process.pid)) is not None
+                ]
+                listed = f": {'; '.join(stuck)}" if stuck else ""
+                return f"rank(s) did not answer within the collective timeout{listed}"
             time.sleep(0.05)
         return None
 
@@ -115,6 +122,16 @@ class TensorParallelGroup:
             self._channel.close()
         _end(self.processes, JOIN_TIMEOUT_S if stopped else 0.0)
         leave_process_group()
+
+
+def _process_state(pid: int | None) -> str | None:
+    """``stopped`` or ``in uninterruptible sleep`` from /proc (Linux), else ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state = stat.rpartition(")")[2].split()[0]
+    return {"T": "stopped", "t": "stopped (traced)", "D": "in uninterruptible sleep"}.get(state)
 
 
 def _end(processes: list[BaseProcess], wait_s: float = 0.0) -> None:
