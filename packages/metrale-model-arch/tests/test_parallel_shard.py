@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from metrale_config import ModelConfig, MoeConfig
+from metrale_model_arch.loading.safetensors_loader import (
+    checkpoint_tensor_names,
+    iter_safetensors,
+)
 from metrale_model_arch.parallel import (
     TensorParallelError,
     TensorShard,
@@ -14,6 +21,7 @@ from metrale_model_arch.parallel import (
     shard_checkpoint,
     shard_config,
 )
+from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder
 
 
 def test_two_ranks_hold_half_of_every_split_size(tiny_config: ModelConfig) -> None:
@@ -127,3 +135,36 @@ def test_checkpoint_tensors_narrow_to_the_rank(tiny_config: ModelConfig) -> None
     assert torch.equal(
         got[f"{layer}input_layernorm.weight"], weights[f"{layer}input_layernorm.weight"]
     )
+
+
+def test_safetensors_reads_only_the_slices_a_rank_holds(
+    tiny_config: ModelConfig, tmp_path: Path
+) -> None:
+    config = attrs.evolve(
+        tiny_config,
+        vocab_size=100,
+        moe=MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+    )
+    generator = torch.Generator().manual_seed(0)
+    layer = "model.layers.1."
+    weights = {
+        f"{layer}self_attn.v_proj.weight": torch.randn(16, 32, generator=generator),
+        f"{layer}self_attn.o_proj.weight": torch.randn(32, 32, generator=generator),
+        f"{layer}mlp.experts.0.down_proj.weight": torch.randn(32, 16, generator=generator),
+        f"{layer}mlp.experts.3.down_proj.weight": torch.randn(32, 16, generator=generator),
+        "lm_head.weight": torch.randn(100, 32, generator=generator),
+    }
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    for rank in (0, 1):
+        shard = TensorShard(rank=rank, world_size=2)
+        read = list(
+            iter_safetensors(
+                checkpoint_tensor_names(tmp_path),
+                slice_of=CheckpointSharder(config, shard).slice_of,
+            )
+        )
+        narrowed = list(shard_checkpoint(sorted(weights.items()), config, shard))
+        assert sorted(name for name, _ in read) == sorted(name for name, _ in narrowed)
+        expected = dict(narrowed)
+        for name, tensor in read:
+            assert torch.equal(tensor, expected[name]), name

@@ -105,6 +105,7 @@ def build_model(
     mapping: CheckpointMapping | None = None,
     quantization: Quantization = Quantization.NONE,
     shard: TensorShard | None = None,
+    is_sharded: bool = False,
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
@@ -121,7 +122,8 @@ def build_model(
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
     ``ValueError``. With a ``shard`` of a world over one rank, the model is that rank's part
     (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
-    layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream.
+    layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream
+    (or already narrowed, ``is_sharded``: a loader that read only the shard's slices).
     Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
@@ -133,7 +135,8 @@ def build_model(
     if is_split:
         assert shard is not None
         check_runs_split(config, shard.world_size)
-        weights = shard_checkpoint(weights, config, shard)
+        if not is_sharded:
+            weights = shard_checkpoint(weights, config, shard)
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(rank_config, max_seq_len=max_seq_len, backend=get_backend(device))
