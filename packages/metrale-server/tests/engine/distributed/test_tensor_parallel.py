@@ -135,9 +135,7 @@ def test_a_hung_worker_fails_the_step_within_the_collective_timeout(tiny_model_d
         os.kill(worker.pid, signal.SIGSTOP)
         start = time.monotonic()
         engine.add_request("r", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=4))
-        with pytest.raises(
-            WorkerLostError, match=rf"did not answer.*rank 1 \(pid {worker.pid}\) is stopped"
-        ):
+        with pytest.raises(WorkerLostError, match=rf"rank 1 \(pid {worker.pid}\) is stopped"):
             drain(engine)
         assert time.monotonic() - start < COLLECTIVE_TIMEOUT_S + 10
     finally:

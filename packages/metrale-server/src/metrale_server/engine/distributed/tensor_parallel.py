@@ -14,6 +14,7 @@ import torch.multiprocessing
 from metrale_server.args import EngineArgs
 from metrale_server.engine.distributed.channel import WorkerChannel
 from metrale_server.engine.distributed.process_group import (
+    COLLECTIVE_TIMEOUT_S,
     join_process_group,
     leave_process_group,
     start_up_group,
@@ -94,8 +95,9 @@ class TensorParallelGroup:
         return self._channel
 
     def describe_lost(self) -> str | None:
-        """``rank 1 (pid 123) exited with code -9``, for a worker this host started; ``None``
-        when every one still runs (it may hang) or the launcher started them."""
+        """``rank 1 (pid 123) exited with code -9`` (or ``is stopped``) for a worker this host
+        started; ``None`` when every one still runs (the error then speaks for itself) or the
+        launcher started them."""
         deadline = time.monotonic() + LOST_WORKER_WAIT_S
         while self.processes:
             dead = [
@@ -107,12 +109,12 @@ class TensorParallelGroup:
                 return "; ".join(dead)
             if time.monotonic() > deadline:
                 stuck = [
-                    f"rank {rank} (pid {process.pid}) is {state}"
+                    f"rank {rank} (pid {process.pid}) is {state} and did not answer within "
+                    f"the collective timeout ({COLLECTIVE_TIMEOUT_S:g} s)"
                     for rank, process in enumerate(self.processes, start=1)
                     if (state := _process_state(process.pid)) is not None
                 ]
-                listed = f": {'; '.join(stuck)}" if stuck else ""
-                return f"rank(s) did not answer within the collective timeout{listed}"
+                return "; ".join(stuck) or None
             time.sleep(0.05)
         return None
 
