@@ -17,6 +17,14 @@ from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
+from metrale_model_arch.parallel import (
+    TensorShard,
+    apply_tensor_parallel,
+    apply_tensor_parallel_int8,
+    check_runs_split,
+    shard_checkpoint,
+    shard_config,
+)
 from metrale_model_arch.registry import architecture_for
 from metrale_model_arch.weight_format import Quantization
 
@@ -97,6 +105,8 @@ def build_model(
     mapping: CheckpointMapping | None = None,
     quantization: Quantization = Quantization.NONE,
     kernel_backend: str = "auto",
+    shard: TensorShard | None = None,
+    is_sharded: bool = False,
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
@@ -111,18 +121,32 @@ def build_model(
     With ``quantization`` ``int8``, the embeddings and the projections the architecture lists
     (``int8_linears``) are quantized per row as their tensors arrive
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
-    ``ValueError``. The model's ops run on ``kernel_backend`` (``metrale_kernels.get_backend``:
-    ``auto``, ``torch`` or ``cupy``). Returns the model in eval mode, no grads.
+    ``ValueError``. With a ``shard`` of a world over one rank, the model is that rank's part
+    (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
+    layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream
+    (or already narrowed, ``is_sharded``: a loader that read only the shard's slices). The
+    model's ops run on ``kernel_backend`` (``metrale_kernels.get_backend``: ``auto``, ``torch``
+    or ``cupy``). Returns the model in eval mode, no grads.
     """
     device = torch.device(device)
     record = architecture_for(config)
     assert record.module is not None
     assert record.checkpoint_mapping is not None
-    target_of = mapping or record.checkpoint_mapping(config)
+    is_split = shard is not None and shard.world_size > 1
+    rank_config = shard_config(config, shard.world_size) if shard is not None else config
+    if is_split:
+        assert shard is not None
+        check_runs_split(config, shard.world_size)
+        if not is_sharded:
+            weights = shard_checkpoint(weights, config, shard)
+    target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(
-            config, max_seq_len=max_seq_len, backend=get_backend(device, kernel_backend)
+            rank_config, max_seq_len=max_seq_len, backend=get_backend(device, kernel_backend)
         )
+        if is_split:
+            assert shard is not None
+            apply_tensor_parallel(model, shard)
         int8_rows: dict[str, Int8Rows] = {}
         if quantization == Quantization.INT8:
             if not record.int8_linears:
@@ -131,6 +155,9 @@ def build_model(
                     "yet; use quantization 'none'"
                 )
             int8_rows = swap_in_int8(model, record.int8_linears, model.backend)
+            if is_split:
+                assert shard is not None
+                apply_tensor_parallel_int8(model, shard)
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

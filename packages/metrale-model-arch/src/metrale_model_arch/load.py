@@ -16,6 +16,7 @@ from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
+from metrale_model_arch.parallel.shard import TensorShard, shard_config
 from metrale_model_arch.tokenizer import Tokenizer
 from metrale_model_arch.weight_format import Quantization
 
@@ -39,6 +40,16 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     quantization: Quantization = Quantization.NONE
+    # This rank's part of a model split across ranks; ``None``: the whole model.
+    shard: TensorShard | None = None
+
+    @property
+    def rank_config(self) -> ModelConfig:
+        """The config of the part this process holds (what its KV cache and arena are sized
+        by); ``config`` is the whole model's."""
+        return (
+            self.config if self.shard is None else shard_config(self.config, self.shard.world_size)
+        )
 
     @property
     def max_seq_len(self) -> int:
@@ -87,6 +98,7 @@ def load_model(
     on_progress: ProgressObserver | None = None,
     quantization: Quantization | str = Quantization.NONE,
     kernel_backend: str = "auto",
+    shard: TensorShard | None = None,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
@@ -97,6 +109,7 @@ def load_model(
     ``int8`` stores the embeddings and projections as int8 per row
     (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations' and norms'.
     ``kernel_backend`` (``auto``, ``torch``, ``cupy``) runs the model's ops.
+    ``shard``: load only this rank's part (:mod:`~metrale_model_arch.parallel`).
     """
     quantization = Quantization(quantization)
     source = resolve_model(name)
@@ -113,6 +126,7 @@ def load_model(
             on_progress=on_progress,
             quantization=quantization,
             kernel_backend=kernel_backend,
+            shard=shard,
         )
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
@@ -130,6 +144,7 @@ def load_model(
             on_progress=on_progress,
             quantization=quantization,
             kernel_backend=kernel_backend,
+            shard=shard,
         )
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(
@@ -153,4 +168,5 @@ def load_model(
         dtype=dtype,
         device=device,
         quantization=quantization,
+        shard=shard,
     )

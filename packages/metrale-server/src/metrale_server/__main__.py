@@ -1,3 +1,6 @@
 from metrale_server.cli.main import main
 
-main()
+# The guard keeps a spawned tensor-parallel worker, which imports this module as
+# ``__mp_main__``, from running the command line again.
+if __name__ == "__main__":
+    main()

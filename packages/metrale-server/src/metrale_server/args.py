@@ -30,6 +30,8 @@ class EngineArgs:
     ``enforce_eager`` (default: the ``METRALE_ENFORCE_EAGER`` lever), a dense llama-family
     model on the CPU runs its layer steps compiled once a background compile finishes.
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
+    ``tensor_parallel_size`` above 1 splits the model over that many ranks
+    (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
     ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
     VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cupy`` (CUDA
@@ -52,6 +54,7 @@ class EngineArgs:
     enforce_eager: bool = attrs.field(factory=lambda: read_bool_lever("METRALE_ENFORCE_EAGER"))
     seed: int = 0
     speculative_config: SpeculativeConfig | None = None
+    tensor_parallel_size: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.quantization not in QUANTIZATION_CHOICES:
@@ -64,7 +67,7 @@ class EngineArgs:
                 f"kernel_backend must be one of {', '.join(KERNEL_BACKEND_CHOICES)}, "
                 f"got {self.kernel_backend!r}"
             )
-        for name in ("block_size", "max_batch_tokens"):
+        for name in ("block_size", "max_batch_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -74,6 +77,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        if self.speculative_config is not None and self.tensor_parallel_size > 1:
+            raise ValueError("speculative decoding does not run with tensor_parallel_size > 1 yet")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

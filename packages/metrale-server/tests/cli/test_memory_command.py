@@ -293,3 +293,36 @@ def test_an_unknown_quantization_names_the_flag(runner: CliRunner) -> None:
     result = runner.invoke(main, ["memory", "--quantization", "int4"])
     assert result.exit_code == 2
     assert "--quantization" in result.output
+
+
+def test_glm_on_eight_141_gib_devices_plans_one_rank(
+    runner: CliRunner, glm_config_json: Path
+) -> None:
+    device = ["--device", "cuda", "--device-memory-gib", "141", "--dtype", "bfloat16"]
+    whole = memory(runner, str(glm_config_json), *device, "--max-seq-len", "131072")
+    assert whole.exit_code == 1
+    assert "Does not fit (weights)" in whole.stderr
+    flags = [*device, "--max-seq-len", "131072", "--tensor-parallel-size", "8"]
+    plan = memory_json(runner, str(glm_config_json), *flags)
+    assert plan["fits"] is True
+    assert plan["tensor_parallel_size"] == 8
+    one_rank = memory_json(
+        runner, str(glm_config_json), *GLM_FITS, "--dtype", "bfloat16", "--max-seq-len", "131072"
+    )
+    by_owner, whole_by_owner = plan["by_owner"], one_rank["by_owner"]
+    # The vocabulary splits exactly; the layers a little less (norms and the latent
+    # projections are every rank's); MLA's latent KV is every rank's.
+    assert by_owner["weights.embeddings"] * 8 == whole_by_owner["weights.embeddings"]
+    assert 8 * by_owner["weights.layers"] > whole_by_owner["weights.layers"]
+    assert 7 * by_owner["weights.layers"] < whole_by_owner["weights.layers"]
+    assert plan["kv_bytes_per_token"] == one_rank["kv_bytes_per_token"]
+    text = memory(runner, str(glm_config_json), *flags)
+    assert "Tensor parallel size 8: each rank's plan" in text.stdout
+
+
+def test_a_tensor_parallel_size_that_does_not_split_the_model_names_the_flag(
+    runner: CliRunner, glm_config_json: Path
+) -> None:
+    result = runner.invoke(main, ["memory", str(glm_config_json), "--tensor-parallel-size", "3"])
+    assert result.exit_code != 0
+    assert "--tensor-parallel-size 3 does not divide" in result.output

@@ -98,6 +98,7 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--max-batch-size", "two"], "--max-batch-size"),
         (["--max-prefill-tokens", "-1"], "--max-prefill-tokens"),
         (["--num-kv-blocks", "0"], "--num-kv-blocks"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size"),
         (["--dtype", "int3"], "--dtype"),
         (["--quantization", "int4"], "--quantization"),
         (["--device", "tpu"], "--device"),
@@ -120,6 +121,10 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--reasoning-parser", "gpt_oss"], "--reasoning-parser"),
         (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
         (["--speculative-config", "ngram"], "--speculative-config"),
+        (
+            ["--speculative-config", '{"method": "ngram"}', "--tensor-parallel-size", "3"],
+            "--speculative-config",
+        ),
     ],
 )
 def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str) -> None:
@@ -210,3 +215,24 @@ def test_int8_for_a_model_type_without_it_is_refused_before_loading(
     result = runner.invoke(main, ["serve", str(tmp_path), "--quantization", "int8", "--no-tui"])
     assert result.exit_code == 1
     assert "cannot plan this serve: qwen3_moe: int8 weights are not supported" in result.output
+
+
+def test_a_tensor_parallel_size_the_model_cannot_split_is_refused(runner: CliRunner) -> None:
+    # The bundled SmolLM2 has 9 attention heads.
+    result = runner.invoke(main, ["serve", "--tensor-parallel-size", "2", "--no-tui"])
+    assert result.exit_code == 1, result.output
+    assert "--tensor-parallel-size 2 does not divide num_attention_heads (9)" in result.output
+
+
+def test_torchrun_world_size_must_match_the_flag(runner: CliRunner) -> None:
+    launcher = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    result = runner.invoke(
+        main,
+        ["serve", "--tensor-parallel-size", "2"],
+        env={**launcher, "MASTER_PORT": "29500"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "'--tensor-parallel-size': 2, but the launcher started WORLD_SIZE=4" in result.output
+    half_set = runner.invoke(main, ["serve"], env={"RANK": "0", "WORLD_SIZE": "2"})
+    assert half_set.exit_code == 1
+    assert "LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not" in half_set.output

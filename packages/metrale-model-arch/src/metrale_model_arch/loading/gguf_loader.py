@@ -23,6 +23,7 @@ from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_dequant import dequantize
 from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.parallel.shard import TensorShard
 from metrale_model_arch.registry import planned_architecture
 from metrale_model_arch.weight_format import Quantization
 
@@ -78,6 +79,7 @@ def load_gguf_model(
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
     kernel_backend: str = "auto",
+    shard: TensorShard | None = None,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
@@ -97,6 +99,7 @@ def load_gguf_model(
             allocator=allocator,
             quantization=quantization,
             kernel_backend=kernel_backend,
+            shard=shard,
         )
 
 

@@ -18,6 +18,8 @@ from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
+from metrale_model_arch.parallel.shard import TensorShard
 from metrale_model_arch.weight_format import Quantization
 
 SINGLE_FILE = "model.safetensors"
@@ -53,14 +55,21 @@ def checkpoint_tensor_names(model_dir: str | Path) -> dict[Path, list[str]]:
 
 
 def iter_safetensors(
-    names: dict[Path, list[str]], on_tensor: Callable[[int], None] = lambda n: None
+    names: dict[Path, list[str]],
+    on_tensor: Callable[[int], None] = lambda n: None,
+    slice_of: Callable[[str], ShardSlice | None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` file by file, on the CPU in the file's dtype."""
+    """Yield ``(name, tensor)`` file by file, on the CPU in the file's dtype; with
+    ``slice_of``, only the part of each tensor it names, read alone (one rank's shard)."""
     for path, file_names in names.items():
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in file_names:
-                    yield name, handle.get_tensor(name)
+                    part = ShardSlice(name) if slice_of is None else slice_of(name)
+                    if part is not None and part.index:
+                        yield part.name, handle.get_slice(name)[part.index]
+                    elif part is not None:
+                        yield part.name, handle.get_tensor(name)
                     on_tensor(1)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
@@ -77,6 +86,7 @@ def load_safetensors_model(
     on_progress: ProgressObserver | None = None,
     quantization: Quantization = Quantization.NONE,
     kernel_backend: str = "auto",
+    shard: TensorShard | None = None,
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
     if config.quantization_method is not None:
@@ -85,18 +95,22 @@ def load_safetensors_model(
         )
     names = checkpoint_tensor_names(model_dir)
     total = sum(len(file_names) for file_names in names.values())
+    is_split = shard is not None and shard.world_size > 1
+    slice_of = CheckpointSharder(config, shard).slice_of if is_split and shard else None
     with load_progress(
         total, f"Loading {Path(model_dir).name}", on_progress=on_progress
     ) as advance:
         return build_model(
             config,
-            iter_safetensors(names, advance),
+            iter_safetensors(names, advance, slice_of),
             dtype=dtype,
             device=device,
             max_seq_len=max_seq_len,
             allocator=allocator,
             quantization=quantization,
             kernel_backend=kernel_backend,
+            shard=shard,
+            is_sharded=slice_of is not None,
         )
 
 

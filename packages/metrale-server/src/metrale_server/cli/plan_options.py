@@ -52,6 +52,7 @@ class PlanOptions:
     quantization: str
     device: str
     speculative_config: SpeculativeConfig | None
+    tensor_parallel_size: int
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -67,6 +68,7 @@ class PlanOptions:
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             speculative_config=self.speculative_config,
+            tensor_parallel_size=self.tensor_parallel_size,
             **fields,
         )
 
@@ -88,7 +90,7 @@ def _speculative_config(
 def plan_options(command: F) -> F:
     """``--max-seq-len``, ``--block-size``, ``--gpu-memory-utilization``, ``--max-batch-size``,
     ``--max-prefill-tokens``, ``--num-kv-blocks``, ``--kv-cache-memory-gib``, ``--dtype``,
-    ``--quantization``, ``--device`` and ``--speculative-config``."""
+    ``--quantization``, ``--device``, ``--speculative-config`` and ``--tensor-parallel-size``."""
     options = [
         click.option(
             "--max-seq-len",
@@ -174,6 +176,17 @@ def plan_options(command: F) -> F:
             '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a '
             "smaller model with the same tokenizer drafts; its weights and KV pool are "
             "planned); off by default.",
+        ),
+        click.option(
+            "--tensor-parallel-size",
+            "-tp",
+            type=click.IntRange(min=1),
+            default=_DEFAULTS.tensor_parallel_size,
+            show_default=True,
+            help="Ranks the model is split over (attention heads, MLP rows, vocabulary, MoE "
+            "experts); the plan is one rank's. `met serve` starts the other ranks on this host "
+            "(gloo on the CPU, NCCL on CUDA), or, under torchrun, joins the ranks it started "
+            "(default then: WORLD_SIZE).",
         ),
     ]
 

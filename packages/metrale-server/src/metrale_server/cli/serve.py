@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import click
 
 from metrale_config import read_int_lever
@@ -207,6 +208,11 @@ def serve(
         check_kernel_backend(kernel_backend, device)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="'--kernel-backend'") from error
+    plan = _join_launcher(plan)
+    if plan.speculative_config is not None and plan.tensor_parallel_size > 1:
+        raise click.BadParameter(
+            "does not run with --tensor-parallel-size > 1 yet", param_hint="'--speculative-config'"
+        )
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("must not be empty", param_hint="'--served-model-name'")
     try:
@@ -244,6 +250,33 @@ def serve(
     except ServeError as error:
         raise click.ClickException(str(error)) from error
     click.get_current_context().exit(exit_code)
+
+
+def _join_launcher(plan: PlanOptions) -> PlanOptions:
+    """Under torchrun: rank 0 goes on to serve (``--tensor-parallel-size`` defaults to
+    WORLD_SIZE); every other rank becomes a worker and exits when rank 0 ends the group."""
+    from metrale_server.devices import resolve_device
+    from metrale_server.engine.distributed import Rendezvous
+
+    try:
+        launched = Rendezvous.from_environ()
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error
+    if launched is None:
+        return plan
+    if plan.tensor_parallel_size not in (1, launched.world_size):
+        raise click.BadParameter(
+            f"{plan.tensor_parallel_size}, but the launcher started WORLD_SIZE="
+            f"{launched.world_size} ranks",
+            param_hint="'--tensor-parallel-size'",
+        )
+    if launched.rank != 0:
+        from metrale_server.cli.serve_runtime import configure_logging
+        from metrale_server.engine.distributed.worker import run_worker
+
+        configure_logging("info")
+        click.get_current_context().exit(run_worker(launched, resolve_device(plan.device).type))
+    return attrs.evolve(plan, tensor_parallel_size=launched.world_size)
 
 
 def serve_main() -> None:

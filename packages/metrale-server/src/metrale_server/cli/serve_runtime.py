@@ -31,6 +31,7 @@ from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
 from metrale_server.cli.serve_args import ServeArgs
 from metrale_server.devices import kernel_summary, resolve_device, resolve_dtype
+from metrale_server.engine.distributed.process_group import backend_for
 from metrale_server.engine.engine import Engine
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger
@@ -47,6 +48,7 @@ logger = logging.getLogger("metrale.serve")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 EXIT_FORCED = 1
 EXIT_LOAD_FAILED = 1
+EXIT_WORKER_LOST = 1
 CONNECTION_GRACE_S = 5.0
 
 
@@ -153,6 +155,11 @@ def preflight(args: ServeArgs) -> MemoryPlan:
         raise ServeError(f"memory preflight: {error}") from error
     except ValueError as error:  # a format the model type has no path for
         raise ServeError(f"cannot plan this serve: {error}") from error
+    if engine_args.tensor_parallel_size > 1:
+        logger.info(
+            "tensor parallel size %d: the plan below is each rank's",
+            engine_args.tensor_parallel_size,
+        )
     for line in plan_log_lines(plan, config):
         logger.info("%s", line)
     return plan
@@ -167,6 +174,18 @@ def build_engine(
     engine_args = args.engine_args
     device = resolve_device(engine_args.device)
     ledger = MemoryLedger()
+    if engine_args.tensor_parallel_size > 1:
+        # The engine starts (or joins) the other ranks, then loads rank 0's shard itself.
+        engine = Engine(engine_args, None, plan=plan, ledger=ledger)
+        if args.chat_template is not None:
+            engine.core.loaded = attrs.evolve(
+                engine.core.loaded,
+                chat_template=attrs.evolve(
+                    args.chat_template,
+                    special_tokens=engine.core.loaded.tokenizer.special_tokens_map,
+                ),
+            )
+        return engine
     loaded = load_model(
         engine_args.model,
         dtype=resolve_dtype(engine_args.dtype, device),
@@ -203,6 +222,18 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         kernel_summary(loaded),
     )
     logger.info("device: %s", loaded.device)
+    parallel = engine.core.parallel
+    if parallel is not None:
+        workers = ", ".join(
+            f"rank {rank} pid {process.pid}"
+            for rank, process in enumerate(parallel.processes, start=1)
+        )
+        logger.info(
+            "tensor parallel: %d ranks over %s (%s); only rank 0 samples",
+            parallel.world_size,
+            backend_for(loaded.device.type),
+            workers or "started by the launcher",
+        )
     logger.info(
         "KV pool: %d blocks x %d tokens (%.1f MiB)%s; allocation ledger: %.1f MiB live",
         engine.num_kv_blocks,
@@ -274,6 +305,14 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
 
+    def on_worker_lost(message: str) -> None:
+        nonlocal exit_code
+        logger.error("stopping the server: %s", message)
+        exit_code = EXIT_WORKER_LOST
+        if state is not None:
+            state.is_draining = True
+        stop.set()
+
     async def load() -> AsyncEngine | None:
         nonlocal exit_code, state
         try:
@@ -284,6 +323,12 @@ async def _serve(
             stop.set()
             return None
         async_engine = AsyncEngine(engine)
+        if engine.core.parallel is not None:
+
+            def worker_lost(message: str) -> None:
+                loop.call_soon_threadsafe(on_worker_lost, message)
+
+            engine.core.parallel.channel.on_failure(worker_lost)
         state = ServerState(
             async_engine=async_engine,
             engine=engine,
@@ -335,6 +380,7 @@ async def _serve(
         async_engine = await loader
         if async_engine is not None:
             await asyncio.to_thread(async_engine.shutdown)
+            await asyncio.to_thread(async_engine.engine.close)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     logger.info("stopped")

@@ -13,9 +13,12 @@ import attrs
 from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, draft_max_seq_len, weight_owner
 from metrale_model_arch.owners import ROPE_TABLE_BUFFER
+from metrale_model_arch.parallel import TensorShard, check_runs_split
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.distributed.rank_memory import RankMemory
+from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.model_runner import ModelRunner, SampledToken
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
@@ -34,6 +37,17 @@ from metrale_server.speculative.draft_model import draft_allocator
 from metrale_server.structured import GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
+
+
+def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
+    """``args`` with what rank 0's plan decided fixed, so every rank plans the same shape."""
+    return attrs.evolve(
+        args,
+        num_kv_blocks=plan.kv_blocks,
+        max_batch_size=plan.max_batch_size,
+        max_seq_len=plan.inputs.max_seq_len,
+        quantization=plan.inputs.quantization.value,
+    )
 
 
 class RequestError(ValueError):
@@ -62,6 +76,13 @@ class EngineCore:
         it does not fit), load the model through the ledger, then allocate the KV pool and step
         arena the plan sized. A ``loaded`` model is charged to a new ledger unless ``ledger``
         (through which it was loaded) is given."""
+        world_size = args.tensor_parallel_size
+        if world_size > 1 and loaded is not None:
+            raise ValueError(
+                "tensor_parallel_size > 1: the engine loads each rank's shard itself; "
+                "pass no loaded model"
+            )
+        self.parallel: TensorParallelGroup | None = None
         if loaded is not None and ledger is None:
             ledger = MemoryLedger()
             _adopt_model(ledger, loaded)
@@ -72,15 +93,26 @@ class EngineCore:
             if plan is None:
                 config = read_model_config(resolve_model(args.model))
                 plan = plan_engine_memory(args, config, device=device, dtype=dtype)
-            loaded = load_model(
-                args.model,
-                dtype=dtype,
-                device=device,
-                max_seq_len=plan.inputs.max_seq_len,
-                allocator=self.ledger.allocate,
-                quantization=plan.inputs.quantization,
-                kernel_backend=args.kernel_backend,
-            )
+            shard = None
+            if world_size > 1:
+                check_runs_split(read_model_config(resolve_model(args.model)), world_size)
+                self.parallel = TensorParallelGroup.start(world_size, device.type)
+                self.parallel.share(worker_engine_args(args, plan))
+                shard = TensorShard(rank=0, world_size=world_size)
+            try:
+                loaded = load_model(
+                    args.model,
+                    dtype=dtype,
+                    device=device,
+                    max_seq_len=plan.inputs.max_seq_len,
+                    allocator=self.ledger.allocate,
+                    quantization=plan.inputs.quantization,
+                    shard=shard,
+                    kernel_backend=args.kernel_backend,
+                )
+            except BaseException:
+                self.close()
+                raise
         elif plan is None:
             max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
             plan = plan_engine_memory(
@@ -107,6 +139,15 @@ class EngineCore:
             seed=args.seed,
             indexer_paged=plan.inputs.indexer_paged,
         )
+        self.rank_memory: tuple[RankMemory, ...] = ()
+        if self.parallel is not None:
+            own = RankMemory(
+                rank=0,
+                planned_by_owner=plan.allocated_by_owner(),
+                ledger_by_owner=self.ledger.live_bytes_by_owner(),
+            )
+            self.rank_memory = self.parallel.collect_memory(own)
+            self.runner.workers = self.parallel.channel
         # A prefix-cache hit skips the prefix's forward, so state kept per sequence rather than
         # in blocks (linear attention, a flat indexer) would start from nothing: off for such
         # models (the boot log says so).
@@ -129,8 +170,9 @@ class EngineCore:
             proposer=None if args.speculative_config is None else self._propose,
             on_release=None if self.draft_proposer is None else self.draft_proposer.release,
         )
+        # NOTE: the compiled layer steps would trace the collectives of a split model: eager.
         self.compiler = LayerCompiler.start_if_useful(
-            loaded.model, enforce_eager=args.enforce_eager
+            loaded.model, enforce_eager=args.enforce_eager or world_size > 1
         )
         self.eos_token_ids = loaded.eos_token_ids
         self._grammar_compiler: GrammarCompiler | None = None
@@ -139,6 +181,12 @@ class EngineCore:
         self._seq_ids = itertools.count()
         self._stats = EngineStats()
         self.published_stats = self.stats
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for a single-rank engine)."""
+        if self.parallel is not None:
+            self.parallel.close()
+            self.parallel = None
 
     def publish_stats(self) -> None:
         """Refresh ``published_stats``, the snapshot other threads read (one reference)."""

@@ -85,6 +85,10 @@ class Engine:
     def check_request(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
         return self.core.check_request(prompt, params)
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any; the engine cannot step afterwards."""
+        self.core.close()
+
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
 

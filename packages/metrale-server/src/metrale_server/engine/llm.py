@@ -25,6 +25,17 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = Engine(EngineArgs(model=model, **engine_args))
 
+    def close(self) -> None:
+        """Stop the workers of a ``tensor_parallel_size`` above 1 (they also end with this
+        process)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     @classmethod
     def from_engine(cls, engine: Engine) -> LLM:
         """Wrap an engine built elsewhere (e.g. several engines sharing one loaded model)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Protocol
+
 import attrs
 import torch
 
@@ -9,9 +12,11 @@ from metrale_kernels import AttentionMetadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
 from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
+from metrale_model_arch.parallel import gather_vocab_logits
 from metrale_server.engine.block_table import PersistentBlockTable
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence
+from metrale_server.engine.step_inputs import StepInputs
 from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.logprobs import compute_logprob_tensors
 from metrale_server.sampling.penalty_state import PenaltyState
@@ -26,6 +31,15 @@ class SampledToken:
     seq: Sequence
     token_id: int
     logprob: TokenLogprob | None = None
+
+
+class WorkerChannel(Protocol):
+    """Rank 0's side of a tensor-parallel group (:mod:`metrale_server.engine.distributed`)."""
+
+    def step(self, inputs: StepInputs) -> AbstractContextManager[None]:
+        """Send ``inputs`` to every worker; the forward runs inside, the collectives of no
+        other step (or heartbeat) interleaving with it."""
+        ...
 
 
 class ModelRunner:
@@ -50,15 +64,20 @@ class ModelRunner:
         allocator: TensorAllocator = plain_allocator,
         seed: int = 0,
         indexer_paged: bool = True,
+        workers: WorkerChannel | None = None,
     ) -> None:
         self.loaded = loaded
+        # Rank 0 of a tensor-parallel group sends each step's inputs to ``workers``.
+        self.workers = workers
+        self.world_size = 1 if loaded.shard is None else loaded.shard.world_size
+        rank_config = loaded.rank_config
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = loaded.device
         self.vocab_size = loaded.config.vocab_size
         self.eos_token_ids = loaded.eos_token_ids
         self.kv_caches = allocate_kv_cache(
-            loaded.config,
+            rank_config,
             num_blocks=num_blocks,
             block_size=block_size,
             dtype=loaded.dtype,
@@ -69,7 +88,7 @@ class ModelRunner:
         # Per-sequence state that is not paged (linear attention, a flat indexer), one slot per
         # state slot of the scheduler; nothing for a model without such layers.
         self.seq_states = allocate_state_slots(
-            loaded.config,
+            rank_config,
             num_slots=max_batch_size,
             max_seq_len=max_seq_len,
             dtype=loaded.dtype,
@@ -81,7 +100,7 @@ class ModelRunner:
         arena = {
             buffer.name: allocator(BUFFER_ARENA, buffer.shape, dtypes[buffer.dtype], self.device)
             for buffer in arena_buffers(
-                loaded.config,
+                rank_config,
                 max_batch_tokens=max_batch_tokens,
                 max_batch_size=max_batch_size,
                 dtype_bytes=loaded.dtype.itemsize,
@@ -171,11 +190,40 @@ class ModelRunner:
         """One logits row per chunk that samples (in step order; 1 + its drafts for a chunk
         with drafts), float32. The rows live in the arena's logits buffer when they fit (drafts
         can outnumber its rows): valid until the next call."""
-        self.copy_blocks(step.block_copies)
         input_ids, positions, metadata, logits_indices = self.prepare_inputs(step)
-        hidden: torch.Tensor = self.loaded.model(
-            input_ids, positions, self.kv_caches, metadata, self.seq_states
+        inputs = StepInputs(
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=metadata.slot_mapping,
+            query_start_loc=metadata.query_start_loc,
+            seq_lens_tensor=metadata.seq_lens_tensor,
+            block_tables=metadata.block_tables,
+            state_slots=metadata.state_slots,
+            query_lens=metadata.query_lens,
+            seq_lens=metadata.seq_lens,
+            block_size=metadata.block_size,
+            logits_indices=tuple(logits_indices),
+            block_copies=step.block_copies,
         )
+        if self.workers is None:
+            return self.run_step(inputs, metadata)
+        with self.workers.step(inputs.to_host()):
+            return self.run_step(inputs, metadata)
+
+    @torch.inference_mode()
+    def run_step(
+        self, inputs: StepInputs, metadata: AttentionMetadata | None = None
+    ) -> torch.Tensor:
+        """The forward of prepared ``inputs`` (what a tensor-parallel worker runs from rank 0's
+        inputs): the whole vocabulary's logits rows, gathered from every rank's part."""
+        self.copy_blocks(inputs.block_copies)
+        if metadata is None:
+            inputs = inputs.to(self.device)
+            metadata = inputs.metadata()
+        hidden: torch.Tensor = self.loaded.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, metadata, self.seq_states
+        )
+        logits_indices = inputs.logits_indices
         if not logits_indices:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)
@@ -185,6 +233,8 @@ class ModelRunner:
             else None
         )
         logits: torch.Tensor = self.loaded.model.compute_logits(hidden[index], out=out)
+        if self.world_size > 1:
+            logits = gather_vocab_logits(logits, self.world_size)
         return logits.float()
 
     @torch.inference_mode()

@@ -60,6 +60,8 @@ def run_memory(
     device = plan_device(engine_args.device, device_memory_gib)
     dtype = resolve_dtype(engine_args.dtype, device)
     quantization = resolve_quantization(engine_args.quantization, device, dtype, config)
+    if engine_args.tensor_parallel_size > 1 and engine_args.quantization == "auto":
+        quantization = Quantization.NONE  # as the serve resolves it (preflight.plan_inputs)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)
     try:
         plan = plan_engine_memory(
@@ -74,9 +76,16 @@ def run_memory(
         _print_refusal(config, device, dtype, quantization, error, as_json=as_json)
         return 1
     if as_json:
-        click.echo(json.dumps(plan_json(plan, config, device), indent=2))
+        click.echo(
+            json.dumps(plan_json(plan, config, device, engine_args.tensor_parallel_size), indent=2)
+        )
     else:
         click.echo(f"{config.model_type} ({config.source}) on {device}, {_dtype_name(dtype)}")
+        if engine_args.tensor_parallel_size > 1:
+            click.echo(
+                f"Tensor parallel size {engine_args.tensor_parallel_size}: each rank's plan "
+                "(its share of the weights, its KV heads) on a device of this size"
+            )
         for line in plan_log_lines(plan, config):
             click.echo(line)
         click.echo(
@@ -87,12 +96,15 @@ def run_memory(
     return 0
 
 
-def plan_json(plan: MemoryPlan, config: ModelConfig, device: torch.device) -> dict[str, Any]:
+def plan_json(
+    plan: MemoryPlan, config: ModelConfig, device: torch.device, tensor_parallel_size: int = 1
+) -> dict[str, Any]:
     return {
         "fits": True,
         "model_type": config.model_type,
         "source": config.source,
         "device": str(device),
+        "tensor_parallel_size": tensor_parallel_size,
         "inputs": attrs.asdict(plan.inputs),
         "budget_bytes": plan.budget_bytes,
         "max_batch_size": plan.max_batch_size,

@@ -22,6 +22,7 @@ from metrale_model_arch.memory import (
     paged_indexer_bytes_per_token,
     plan_memory,
 )
+from metrale_model_arch.parallel import shard_config
 from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
 from metrale_server.devices import resolve_quantization
 from metrale_server.memory.host_memory import host_total_memory_bytes
@@ -72,7 +73,12 @@ def plan_inputs(
     Raises ``ValueError`` naming ``--block-size`` when the paged DSA indexer cannot use it.
     """
     if quantization is None:
-        quantization = resolve_quantization(args.quantization, device, dtype, config)
+        if args.tensor_parallel_size > 1 and args.quantization == "auto":
+            # NOTE: split int8 weights quantize each rank's columns of o_proj and down_proj
+            # apart, so they differ from one rank's; float weights are the same split or not.
+            quantization = Quantization.NONE
+        else:
+            quantization = resolve_quantization(args.quantization, device, dtype, config)
     paged = indexer_paged()
     if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
         pool = config.dsa.index_kpool
@@ -128,11 +134,16 @@ def plan_engine_memory(
     total_bytes: int | None = None,
     quantization: Quantization | None = None,
 ) -> MemoryPlan:
-    """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot."""
+    """The plan for serving ``config`` with ``args``; raises ``MemoryPlanError`` if it cannot.
+
+    With ``tensor_parallel_size`` N, the plan of one rank: its weights (the model's over N)
+    and its KV heads, from ``shard_config`` (raising ``TensorParallelError``, a
+    ``ValueError``, when N does not split the model).
+    """
     inputs = plan_inputs(
         args, config, device=device, dtype=dtype, total_bytes=total_bytes, quantization=quantization
     )
-    return plan_memory(config, inputs)
+    return plan_memory(shard_config(config, args.tensor_parallel_size), inputs)
 
 
 def weight_format(inputs: PlanInputs) -> str:
