@@ -17,6 +17,7 @@ hold gets no drafts that step; its output is the same, only slower.
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceOf
+from typing import Protocol
 
 import attrs
 import torch
@@ -25,7 +26,19 @@ from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache
 from metrale_model_arch.memory import draft_max_seq_len
 from metrale_model_arch.owners import DRAFT_KV_POOL, DRAFT_MODEL, KV_POOL
-from metrale_server.engine.sequence import Sequence
+
+
+class DraftingSequence(Protocol):
+    """What the proposer reads of a sequence (the engine's ``Sequence``): its tokens, and
+    the state slot it holds with the ticket of that assignment."""
+
+    token_ids: list[int]
+    slot: int | None
+    slot_ticket: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
 
 # A probe the two tokenizers must split alike (letters, digits, punctuation, non-ASCII).
 TOKENIZER_PROBE = "Hello, world! The year 2026 in Zürich: naïve café — 東京 ✓"
@@ -42,7 +55,7 @@ class _SlotCache:
     base: int = 0
     drafts: tuple[int, ...] = ()
 
-    def num_valid(self, seq: Sequence) -> int:
+    def num_valid(self, seq: DraftingSequence) -> int:
         """Leading positions of ``seq`` whose K/V this cache holds (never its last token)."""
         kept = 0
         for draft, token in zip(self.drafts, seq.token_ids[self.base :], strict=False):
@@ -122,7 +135,7 @@ class DraftModelProposer:
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: DraftingSequence) -> None:
         """``seq`` gives back its slot: the draft blocks the slot holds return to the pool."""
         if seq.slot is None:
             return
@@ -133,7 +146,7 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(
-        self, seqs: SequenceOf[Sequence], num_tokens: SequenceOf[int]
+        self, seqs: SequenceOf[DraftingSequence], num_tokens: SequenceOf[int]
     ) -> list[tuple[int, ...]]:
         """Up to ``num_tokens[i]`` greedy drafts to follow ``seqs[i]``'s tokens (fewer near
         the draft's position limit; none without a slot or draft blocks)."""
@@ -148,7 +161,7 @@ class DraftModelProposer:
             row.cache.base, row.cache.drafts = seqs[index].num_tokens, tuple(row.drafts)
         return [tuple(rows[i].drafts) if i in rows else () for i in range(len(seqs))]
 
-    def _row(self, seq: Sequence, max_tokens: int) -> _Row | None:
+    def _row(self, seq: DraftingSequence, max_tokens: int) -> _Row | None:
         # Drafting k tokens caches positions up to num_tokens + k - 2, below the draft's limit.
         num_drafts = min(max_tokens, self.max_seq_len - seq.num_tokens + 1)
         if seq.slot is None or num_drafts < 1:
