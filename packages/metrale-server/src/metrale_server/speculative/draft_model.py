@@ -141,7 +141,7 @@ class DraftModelProposer:
             return
         cache = self._slots[seq.slot]
         if cache is not None and cache.ticket == seq.slot_ticket:
-            self._free_blocks += reversed(cache.blocks)
+            self._give_back(cache)
             self._slots[seq.slot] = None
 
     @torch.inference_mode()
@@ -169,12 +169,16 @@ class DraftModelProposer:
         cache = self._slots[seq.slot]
         if cache is None or cache.ticket != seq.slot_ticket:
             if cache is not None:
-                self._free_blocks += reversed(cache.blocks)
+                self._give_back(cache)
             cache = self._slots[seq.slot] = _SlotCache(ticket=seq.slot_ticket)
         if not self._grow(cache, seq.num_tokens + num_drafts - 1):
             return None
         start = cache.num_valid(seq)
         return _Row(cache=cache, start=start, new=seq.token_ids[start:], num_drafts=num_drafts)
+
+    def _give_back(self, cache: _SlotCache) -> None:
+        self._free_blocks += reversed(cache.blocks)
+        cache.blocks.clear()
 
     def _grow(self, cache: _SlotCache, num_positions: int) -> bool:
         """Give ``cache`` blocks for ``num_positions``; ``False`` (nothing taken) if the pool
