@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 import torch
 
 if TYPE_CHECKING:
     from metrale_kernels.paged_attention import DecodePlan
+
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -36,6 +38,8 @@ class AttentionMetadata:
     state_slots: torch.Tensor | None = None  # (num_seqs,) int64
     # Paged attention plans built so far, by sliding window: see ``decode_plan``.
     _plans: dict[int | None, DecodePlan] = attrs.field(factory=dict, init=False, repr=False)
+    # Whatever else a backend derives from the step once for all layers: see ``derived``.
+    _derived: dict[Hashable, object] = attrs.field(factory=dict, init=False, repr=False)
 
     def decode_plan(self, sliding_window: int | None) -> DecodePlan:
         """The paged attention plan of this step for ``sliding_window``, built on first use.
@@ -50,6 +54,14 @@ class AttentionMetadata:
             plan = paged_attention.plan_decode(self, sliding_window)
             self._plans[sliding_window] = plan
         return plan
+
+    def derived(
+        self, key: Hashable, build: Callable[[AttentionMetadata, int | None], T], window: int | None
+    ) -> T:
+        """``build(self, window)``, built on first use under ``key`` and reused by later layers."""
+        if key not in self._derived:
+            self._derived[key] = build(self, window)
+        return self._derived[key]  # type: ignore[return-value]
 
     @property
     def num_seqs(self) -> int:

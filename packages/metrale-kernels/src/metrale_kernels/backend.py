@@ -32,6 +32,20 @@ class KernelBackend:
 
     name: str = "reference"
 
+    def prepare(self, *, build: bool = True) -> None:
+        """Make the backend's kernels ready (compiling what must be, unless ``build`` is
+        false); may take seconds, so engines call it off the serving path. Until it has run
+        an op may take its reference path."""
+        del build
+
+    def needs_prepare(self) -> bool:
+        """Whether :meth:`prepare` has work left to do."""
+        return False
+
+    def describe(self) -> str:
+        """What runs the ops, for the boot log."""
+        return self.name
+
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -14,7 +14,12 @@ the column-major operand ``_int_mm`` streams fastest at one row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+# ``(digits int8 (M, K), qweight int8 (N, K)) -> int32 (M, N)``, exactly ``digits @ qweight.T``.
+IntMatmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 INT8_MAX = 127
 # The second digit's step: the first digit's rounding error is at most half a step, so it
@@ -56,19 +61,21 @@ def int8_linear(
     bias: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    int_mm: IntMatmul | None = None,
 ) -> torch.Tensor:
     """``x (tokens, in)`` float times ``qweight (out, in)`` int8 with ``scale (out,)`` float32.
 
     Returns ``(tokens, out)`` in ``x``'s dtype (``out`` when given). Versus
     ``x @ dequantized.T`` the result carries the two-digit error of ``x`` (at most
-    ``max|row| / 64516`` per element of a row) and nothing else.
+    ``max|row| / 64516`` per element of a row) and nothing else. ``int_mm`` multiplies the
+    digits (default ``torch._int_mm``); being exact, any kernel gives the same result.
     """
     num_tokens = x.shape[0]
     if num_tokens == 0:
         empty = x.new_zeros((0, qweight.shape[0]))
         return empty if out is None else out.copy_(empty)
     digits, x_scale = two_digit_rows(x)
-    accumulated = torch._int_mm(digits, qweight.t())
+    accumulated = torch._int_mm(digits, qweight.t()) if int_mm is None else int_mm(digits, qweight)
     # (first + second / base) in float32: exact enough (a relative 6e-8) for any int32 sum.
     combined = accumulated[num_tokens:] * (1 / DIGIT_BASE) + accumulated[:num_tokens]
     if x.dtype != torch.float32:

@@ -54,18 +54,18 @@ class DecodePlan:
     prefills: tuple[PrefillSeq, ...]
 
 
-def _group_size(num_heads: int, num_kv_heads: int) -> int:
+def group_size(num_heads: int, num_kv_heads: int) -> int:
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} kv heads evenly")
     return num_heads // num_kv_heads
 
 
-def _check_sliding_window(sliding_window: int | None) -> None:
+def check_sliding_window(sliding_window: int | None) -> None:
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
 
 
-def _first_visible(position: int, sliding_window: int | None) -> int:
+def first_visible(position: int, sliding_window: int | None) -> int:
     """The earliest key position a query at ``position`` attends to."""
     return 0 if sliding_window is None else max(0, position - sliding_window + 1)
 
@@ -91,11 +91,11 @@ def plan_decode(metadata: AttentionMetadata, sliding_window: int | None) -> Deco
     ``metadata.decode_plan(sliding_window)``, which builds it once per metadata and window.
     Raises ``ValueError`` when ``sliding_window < 1``.
     """
-    _check_sliding_window(sliding_window)
+    check_sliding_window(sliding_window)
     starts = list(itertools.accumulate(metadata.query_lens, initial=0))
     decode_seqs = [i for i, query_len in enumerate(metadata.query_lens) if query_len == 1]
     prefills = tuple(
-        _plan_prefill(metadata, i, starts[i], sliding_window)
+        plan_prefill(metadata, i, starts[i], sliding_window)
         for i, query_len in enumerate(metadata.query_lens)
         if query_len != 1
     )
@@ -106,14 +106,14 @@ def plan_decode(metadata: AttentionMetadata, sliding_window: int | None) -> Deco
     )
 
 
-def _plan_prefill(
+def plan_prefill(
     metadata: AttentionMetadata, seq: int, start: int, sliding_window: int | None
 ) -> PrefillSeq:
     block_size = metadata.block_size
     device = metadata.block_tables.device
     seq_len, query_len = metadata.seq_lens[seq], metadata.query_lens[seq]
     first_query = seq_len - query_len
-    first_key = _first_visible(first_query, sliding_window)
+    first_key = first_visible(first_query, sliding_window)
     first_block = first_key // block_size
     mask: torch.Tensor | None = None
     if not (query_len == seq_len and (sliding_window is None or sliding_window >= seq_len)):
@@ -142,7 +142,7 @@ def _plan_decode_groups(
     spans: list[tuple[int, int]] = []
     for i in seqs:
         seq_len = metadata.seq_lens[i]
-        first_key = _first_visible(seq_len - 1, sliding_window)
+        first_key = first_visible(seq_len - 1, sliding_window)
         first_blocks.append(first_key // block_size)
         offset = first_blocks[-1] * block_size
         spans.append((first_key - offset, seq_len - offset))
@@ -226,8 +226,8 @@ def paged_attention(
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    _group_size(q.shape[1], k_cache.shape[2])
-    _check_sliding_window(sliding_window)
+    group_size(q.shape[1], k_cache.shape[2])
+    check_sliding_window(sliding_window)
     plan = metadata.decode_plan(sliding_window)
     if out is None:
         out = torch.empty_like(q)
@@ -235,11 +235,11 @@ def paged_attention(
         attended = _decode_group(q.index_select(0, group.tokens), k_cache, v_cache, group, scale)
         out.index_copy_(0, group.tokens, attended)
     for prefill in plan.prefills:
-        out[prefill.tokens] = _prefill(q[prefill.tokens], k_cache, v_cache, prefill, scale)
+        out[prefill.tokens] = prefill_attention(q[prefill.tokens], k_cache, v_cache, prefill, scale)
     return out
 
 
-def _prefill(
+def prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -249,7 +249,7 @@ def _prefill(
     """One sequence: ``q (query_len, heads, head_dim)`` holds its last query_len tokens."""
     query_len, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    group = _group_size(num_heads, num_kv_heads)
+    group = group_size(num_heads, num_kv_heads)
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
         # (kv_heads, group, keys, head_dim); the group dim is a stride-0 view, not a copy.
@@ -289,7 +289,7 @@ def _decode_group(
         keys[:, plan.padding_start :].masked_fill_(plan.is_padding, 0)
         values[:, plan.padding_start :].masked_fill_(plan.is_padding, 0)
     # (rows, kv_heads, group, head_dim): query head h reads kv head h // group.
-    query = q.view(num_rows, num_kv_heads, _group_size(num_heads, num_kv_heads), head_dim)
+    query = q.view(num_rows, num_kv_heads, group_size(num_heads, num_kv_heads), head_dim)
     attended = functional.scaled_dot_product_attention(
         query,
         keys.transpose(1, 2).to(q.dtype),

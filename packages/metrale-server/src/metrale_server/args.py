@@ -13,7 +13,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # would import torch, and ``met --help`` should not wait for it).
 QUANTIZATION_CHOICES = ("auto", "none", "int8")
 # ``metrale_kernels.BACKEND_NAMES``, named here for the same reason.
-KERNEL_BACKEND_CHOICES = ("auto", "torch", "cupy")
+KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
 
 
 @attrs.frozen(kw_only=True)
@@ -34,8 +34,10 @@ class EngineArgs:
     (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
     ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
     VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
-    ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cupy`` (CUDA
-    kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, else ``torch``).
+    ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
+    kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
+    kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++
+    compiler, else ``torch``).
     """
 
     model: str | None = None

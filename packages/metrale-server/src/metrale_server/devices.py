@@ -62,13 +62,13 @@ def resolve_quantization(
 
 def kernel_summary(loaded: LoadedModel) -> str:
     """Which kernels run the matmuls and attention, and the CPU features that chose them."""
-    backend = loaded.model.backend.name
+    backend = loaded.model.backend
     if loaded.device.type != "cpu":
-        return f"{backend} backend"
+        return f"{backend.name} backend"
     if loaded.quantization == Quantization.INT8:
-        matmul = "int8 x int8 -> int32 matmuls (torch._int_mm, oneDNN)"
+        matmul = "int8 x int8 -> int32 matmuls"
     else:
         matmul = f"{str(loaded.dtype).removeprefix('torch.')} matmuls (torch linear)"
         if loaded.dtype == torch.bfloat16 and not cpu_features().bf16_dot:
             matmul += " without AVX512-BF16 or AMX: slow here"
-    return f"{matmul}, {backend} attention; CPU: {cpu_features().describe()}"
+    return f"{matmul}; {backend.describe()}; CPU: {cpu_features().describe()}"

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
+from metrale_kernels.paged_batches import batch_invariance, paged_batch
 
 # On the error ``|got - want| / (1 + |want|)``: a few units in the last place of the dtype.
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -45,62 +45,6 @@ def _max_error(got: torch.Tensor, want: torch.Tensor) -> float:
         return 0.0
     want32 = want.float()
     return float(((got.float() - want32).abs() / (1 + want32.abs())).max())
-
-
-@attrs.frozen(kw_only=True)
-class PagedBatch:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    metadata: AttentionMetadata
-
-
-def paged_batch(
-    *,
-    seq_lens: list[int],
-    query_lens: list[int],
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    block_size: int = 16,
-    seed: int = 0,
-) -> PagedBatch:
-    """A ragged batch over shuffled cache blocks; every slot outside a context is NaN."""
-    generator = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 3
-    order = torch.randperm(num_blocks, generator=generator).tolist()
-    tables, start = [], 0
-    for n in blocks_per_seq:
-        tables.append(order[start : start + n])
-        start += n
-    metadata = build_attention_metadata(
-        block_tables=tables,
-        seq_lens=seq_lens,
-        query_lens=list(seq_lens),
-        block_size=block_size,
-        device=device,
-    )
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-    num_tokens = sum(seq_lens)
-    keys = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
-    values = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
-    TorchBackend().write_kv(
-        keys.to(device, dtype), values.to(device, dtype), k_cache, v_cache, metadata.slot_mapping
-    )
-    step = build_attention_metadata(
-        block_tables=tables,
-        seq_lens=seq_lens,
-        query_lens=query_lens,
-        block_size=block_size,
-        device=device,
-    )
-    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator)
-    return PagedBatch(q=q.to(device, dtype), k_cache=k_cache, v_cache=v_cache, metadata=step)
 
 
 def _attention_case(
@@ -396,54 +340,8 @@ def run_all(device: torch.device | str = "cuda") -> list[ParityResult]:
 def attention_batch_invariance(
     dtype: torch.dtype, device: torch.device | str = "cuda", num_others: tuple[int, ...] = (7, 63)
 ) -> bool:
-    """Whether one sequence's decode and prefill rows come out bit-identical alone and among
-    ``num_others`` other sequences of random lengths (its own inputs the same each time)."""
+    """Whether the cupy backend gives one sequence's decode and prefill rows bit-identical
+    alone and among ``num_others`` other sequences (:func:`paged_batches.batch_invariance`)."""
     from metrale_kernels.cuda.backend import CupyBackend
 
-    device = torch.device(device)
-    backend = CupyBackend()
-    generator = torch.Generator().manual_seed(7)
-    outputs = []
-    for others in (0, *num_others):
-        lengths = torch.randint(1, 3000, (others,), generator=generator).tolist()
-        # The sequence under test goes first: its rows of q and out are the same rows.
-        for query_len in (1, 37):
-            batch = paged_batch(
-                seq_lens=[1500, *lengths],
-                query_lens=[query_len] + [1] * others,
-                num_heads=8,
-                num_kv_heads=2,
-                head_dim=64,
-                dtype=dtype,
-                device=device,
-                seed=0,
-            )
-            alone = paged_batch(
-                seq_lens=[1500],
-                query_lens=[query_len],
-                num_heads=8,
-                num_kv_heads=2,
-                head_dim=64,
-                dtype=dtype,
-                device=device,
-                seed=0,
-            )
-            # The same q and context for the sequence under test, wherever its blocks are.
-            q = batch.q.clone()
-            q[:query_len] = alone.q
-            _copy_context(alone, batch)
-            out = backend.paged_attention(q, batch.k_cache, batch.v_cache, batch.metadata, 0.125)
-            outputs.append((query_len, out[:query_len]))
-    return all(
-        torch.equal(out, next(o for n, o in outputs if n == query_len))
-        for query_len, out in outputs
-    )
-
-
-def _copy_context(source: PagedBatch, target: PagedBatch) -> None:
-    """Sequence 0's cached K/V of ``source`` into sequence 0's blocks of ``target``."""
-    for column in range(-(-source.metadata.seq_lens[0] // source.metadata.block_size)):
-        src = int(source.metadata.block_tables[0, column])
-        dst = int(target.metadata.block_tables[0, column])
-        target.k_cache[dst] = source.k_cache[src]
-        target.v_cache[dst] = source.v_cache[src]
+    return batch_invariance(CupyBackend(), dtype, torch.device(device), num_others)

@@ -67,8 +67,10 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     type=click.Choice(KERNEL_BACKEND_CHOICES),
     default=_ENGINE_DEFAULTS.kernel_backend,
     show_default=True,
-    help="What runs attention, norms, rotary and the other ops: torch (the reference), cupy "
-    "(CUDA kernels; needs a CUDA device and CuPy), auto (cupy on CUDA where CuPy can run).",
+    help="What runs attention, norms, rotary and the other ops: torch (the reference), cpu "
+    "(native C++ kernels for int8 decode matmuls and decode attention, built on this machine; "
+    "needs a C++ compiler), cupy (CUDA kernels; needs a CUDA device and CuPy), auto (cupy on "
+    "CUDA where CuPy can run, cpu on a CPU with a compiler).",
 )
 @click.option(
     "--api-key",

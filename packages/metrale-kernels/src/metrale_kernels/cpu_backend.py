@@ -1,0 +1,158 @@
+"""``CpuBackend``: the reference ops, with native C++ kernels where they beat them on a CPU.
+
+- ``int8_linear`` multiplies the int8 digits with ``metrale::int8_mm``: for a few rows (decode)
+  it streams the weight once at the memory's speed, where oneDNN's GEMM reaches a third of it;
+  for more rows it is oneDNN's. Integer sums being exact, the result is bit-identical to the
+  reference either way, so a sequence's tokens do not depend on which kernel ran.
+- ``paged_attention`` attends the step's decode rows with ``metrale::paged_decode``, reading
+  K/V blocks in place (the reference gathers each row's context into a copy first); prefill
+  rows, and caches or activations other than float32, take the reference path.
+
+The native ops are built on first use (:mod:`metrale_kernels.native`), which takes seconds
+cold: until :meth:`CpuBackend.prepare` has run, every op is the reference's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+
+from metrale_kernels import int8_matmul
+from metrale_kernels import paged_attention as reference_attention
+from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.backend import TorchBackend
+from metrale_kernels.native import NativeBuildError, NativeOps, load_native_ops
+
+logger = logging.getLogger("metrale.kernels")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class DecodeRows:
+    """The step's decode rows as the native kernel reads them, and its prefills."""
+
+    rows: torch.Tensor  # (rows,) int64: the token index of each decode row
+    seqs: torch.Tensor  # (rows,) int64: its sequence (a row of the block tables)
+    seq_lens: torch.Tensor  # (rows,) int64: keys up to here
+    first_keys: torch.Tensor  # (rows,) int64: keys from here (a sliding window's start)
+    prefills: tuple[reference_attention.PrefillSeq, ...]
+
+
+def plan_decode_rows(metadata: AttentionMetadata, sliding_window: int | None) -> DecodeRows:
+    reference_attention.check_sliding_window(sliding_window)
+    rows: list[int] = []
+    seqs: list[int] = []
+    lens: list[int] = []
+    firsts: list[int] = []
+    prefills = []
+    start = 0
+    for seq, (query_len, seq_len) in enumerate(
+        zip(metadata.query_lens, metadata.seq_lens, strict=True)
+    ):
+        if query_len == 1:
+            rows.append(start)
+            seqs.append(seq)
+            lens.append(seq_len)
+            firsts.append(reference_attention.first_visible(seq_len - 1, sliding_window))
+        else:
+            prefills.append(reference_attention.plan_prefill(metadata, seq, start, sliding_window))
+        start += query_len
+
+    def indices(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64)
+
+    return DecodeRows(
+        rows=indices(rows),
+        seqs=indices(seqs),
+        seq_lens=indices(lens),
+        first_keys=indices(firsts),
+        prefills=tuple(prefills),
+    )
+
+
+class CpuBackend(TorchBackend):
+    """A cached build of the native ops is loaded at once; else :meth:`prepare` builds it."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.native: NativeOps | None = None
+        self.native_error: str | None = None
+        self.prepare(build=False)
+
+    def prepare(self, *, build: bool = True) -> None:
+        """Load the native ops (building them first unless ``build`` is false) and use them
+        from now on; where they cannot be built the reference ops stay, the reason logged."""
+        if self.native is not None or self.native_error is not None:
+            return
+        try:
+            self.native = load_native_ops(build=build)
+        except NativeBuildError as error:
+            self.native_error = str(error)
+            logger.warning("native CPU kernels unavailable, reference ops serve: %s", error)
+
+    def needs_prepare(self) -> bool:
+        return self.native is None and self.native_error is None
+
+    def describe(self) -> str:
+        if self.native is not None:
+            return f"cpu backend: {self.native.describe()}"
+        if self.native_error is not None:
+            return "cpu backend: reference ops (the native ones failed to build)"
+        return "cpu backend: reference ops until the native ones are built"
+
+    def int8_linear(
+        self,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.native is None or x.device.type != "cpu":
+            return super().int8_linear(x, qweight, scale, bias, out=out)
+        return int8_matmul.int8_linear(
+            x, qweight, scale, bias, out=out, int_mm=torch.ops.metrale.int8_mm
+        )
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        floats = {q.dtype, k_cache.dtype, v_cache.dtype} == {torch.float32}
+        if self.native is None or not floats or q.device.type != "cpu":
+            return super().paged_attention(
+                q, k_cache, v_cache, metadata, scale, sliding_window, out=out
+            )
+        reference_attention.group_size(q.shape[1], k_cache.shape[2])
+        plan = metadata.derived(("native_decode", sliding_window), plan_decode_rows, sliding_window)
+        q = q.contiguous()
+        if out is None:
+            out = torch.empty_like(q)
+        if plan.rows.numel():
+            torch.ops.metrale.paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                plan.rows,
+                plan.seqs,
+                metadata.block_tables,
+                plan.seq_lens,
+                plan.first_keys,
+                scale,
+                out,
+            )
+        for prefill in plan.prefills:
+            out[prefill.tokens] = reference_attention.prefill_attention(
+                q[prefill.tokens], k_cache, v_cache, prefill, scale
+            )
+        return out

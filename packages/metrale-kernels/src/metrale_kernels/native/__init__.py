@@ -1,0 +1,65 @@
+"""Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm`` and
+``metrale::paged_decode``. :func:`load_native_ops` builds (or finds cached) and loads them once
+per process; :class:`metrale_kernels.cpu_backend.CpuBackend` calls them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import attrs
+import torch
+
+from metrale_kernels.native.build import NativeBuildError, build_library, library_path
+
+__all__ = ["NativeBuildError", "NativeOps", "load_native_ops"]
+
+
+@attrs.frozen
+class NativeOps:
+    path: Path
+    int8_path: str  # the int8 kernel's instruction set: avx512_vnni, avx2 or scalar
+    cached: bool  # loaded from an earlier build
+    seconds: float  # to build (or find) and load
+
+    def describe(self) -> str:
+        how = "cached" if self.cached else f"built in {self.seconds:.1f} s"
+        return f"native int8_mm ({self.int8_path}) and paged_decode, {how}"
+
+
+_lock = threading.Lock()
+_loaded: NativeOps | None = None
+
+
+def load_native_ops(cache_dir: Path | None = None, *, build: bool = True) -> NativeOps | None:
+    """Build (unless cached) and load the native ops; the same :class:`NativeOps` after the
+    first call. ``build=False``: only a cached build is loaded (milliseconds), else ``None``.
+    Raises :class:`NativeBuildError` when they cannot be built or loaded here."""
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        if not build and not library_path(cache_dir).exists():
+            return None
+        started = time.perf_counter()
+        path, cached = build_library(cache_dir)
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as error:
+            raise NativeBuildError(f"loading {path} failed: {error}") from None
+        _register_fakes()
+        _loaded = NativeOps(
+            path=path,
+            int8_path=str(torch.ops.metrale.int8_mm_path()),
+            cached=cached,
+            seconds=time.perf_counter() - started,
+        )
+        return _loaded
+
+
+def _register_fakes() -> None:
+    # Shapes for torch.compile's tracing: the compiled layer steps call int8_mm.
+    @torch.library.register_fake("metrale::int8_mm")  # type: ignore[misc]
+    def _int8_mm_fake(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return a.new_empty((a.shape[0], w.shape[0]), dtype=torch.int32)
