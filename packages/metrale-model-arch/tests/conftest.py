@@ -13,6 +13,15 @@ from metrale_model_arch.families import CausalLM
 from metrale_model_arch.kv_cache import allocate_kv_cache, allocate_state_slots
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the native CPU ops before any test, so every engine loads them at start (a build
+    racing the first tests would swap kernels mid-run)."""
+    del session
+    from metrale_kernels.native import load_native_ops_if_possible
+
+    load_native_ops_if_possible()  # else the reference ops serve; the cpu backend's tests say why
+
+
 class PagedRunner:
     """Runs steps of several sequences through one paged KV cache, like the engine does.
 

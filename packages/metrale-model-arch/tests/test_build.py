@@ -43,11 +43,11 @@ def test_tied_head_stays_the_row_major_embedding(tiny_config: ModelConfig) -> No
 
 def test_the_kernel_backend_is_chosen_by_name(tiny_config: ModelConfig) -> None:
     weights = LlamaForCausalLM(tiny_config).state_dict()
-    for name in ("auto", "torch"):
+    for name, chosen in (("auto", {"cpu", "torch"}), ("torch", {"torch"})):
         model = build_model(
             tiny_config, weights.items(), dtype=torch.float32, device="cpu", kernel_backend=name
         )
-        assert model.backend.name == "torch"
+        assert model.backend.name in chosen
     with pytest.raises(BackendUnavailableError, match="needs a CUDA device"):
         build_model(
             tiny_config, weights.items(), dtype=torch.float32, device="cpu", kernel_backend="cupy"

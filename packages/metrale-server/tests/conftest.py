@@ -16,6 +16,15 @@ from metrale_config import read_gguf_header
 from metrale_model_arch import Tokenizer, resolve_model
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the native CPU ops before any test, so every engine loads them at start (a build
+    racing the first tests would swap kernels mid-run)."""
+    del session
+    from metrale_kernels.native import load_native_ops_if_possible
+
+    load_native_ops_if_possible()  # else the reference ops serve; the cpu backend's tests say why
+
+
 @pytest.fixture(scope="session")
 def default_tokenizer() -> Tokenizer:
     return Tokenizer.from_gguf_fields(read_gguf_header(resolve_model(None).path).fields)

@@ -13,7 +13,7 @@ import torch
 
 from metrale_kernels.native.build import NativeBuildError, build_library, library_path
 
-__all__ = ["NativeBuildError", "NativeOps", "load_native_ops"]
+__all__ = ["NativeBuildError", "NativeOps", "load_native_ops", "load_native_ops_if_possible"]
 
 
 @attrs.frozen
@@ -56,6 +56,14 @@ def load_native_ops(cache_dir: Path | None = None, *, build: bool = True) -> Nat
             seconds=time.perf_counter() - started,
         )
         return _loaded
+
+
+def load_native_ops_if_possible() -> NativeOps | None:
+    """:func:`load_native_ops`, or ``None`` where they cannot be built here."""
+    try:
+        return load_native_ops()
+    except NativeBuildError:
+        return None
 
 
 def _register_fakes() -> None:

@@ -24,7 +24,8 @@ from metrale_kernels.cpu_features import cpu_features
 
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("int8_mm.cpp", "paged_decode.cpp")
-# -fopenmp: at::parallel_for is an inline "omp parallel" (the process's one OpenMP runtime, torch's).
+# -fopenmp: at::parallel_for is an inline "omp parallel" (run by torch's OpenMP runtime, the
+# process's one).
 # -ffp-contract=off: no fused multiply-adds the source does not write (results must not depend
 # on the compiler's mood); -fno-math-errno lets exp vectorize.
 FLAGS = (
