@@ -94,6 +94,6 @@ def test_partial_backend_falls_back_to_the_reference() -> None:
 
 
 def test_get_backend_returns_a_kernel_backend() -> None:
-    backend = get_backend("cpu")
+    backend = get_backend("cpu", "torch")
     assert isinstance(backend, KernelBackend)
     assert type(backend).paged_attention is KernelBackend.paged_attention
