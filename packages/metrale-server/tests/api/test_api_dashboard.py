@@ -17,6 +17,7 @@ def test_server_info_reports_the_engine_shape(server: Any) -> None:
     assert body["dtype"] == "float32"
     assert body["quantization"] == str(engine.loaded.quantization)
     assert body["layer_steps"] == "eager"  # the suite sets METRALE_ENFORCE_EAGER
+    assert body["kernels"] == engine.loaded.model.backend.describe()
     assert body["device"] == "cpu"
     assert body["num_kv_blocks"] == engine.num_kv_blocks
     assert body["block_size"] == engine.args.block_size

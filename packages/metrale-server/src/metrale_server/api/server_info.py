@@ -21,6 +21,7 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": str(loaded.quantization),
             "layer_steps": LayerCompiler.state(engine.core.compiler),
+            "kernels": loaded.model.backend.describe(),
             "device": str(loaded.device),
             "num_kv_blocks": engine.num_kv_blocks,
             "block_size": engine.args.block_size,
