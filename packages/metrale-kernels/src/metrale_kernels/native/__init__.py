@@ -45,7 +45,7 @@ def load_native_ops(cache_dir: Path | None = None, *, build: bool = True) -> Nat
         started = time.perf_counter()
         path, cached = build_library(cache_dir)
         try:
-            torch.ops.load_library(str(path))
+            torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
         except (OSError, RuntimeError) as error:
             raise NativeBuildError(f"loading {path} failed: {error}") from None
         _register_fakes()
@@ -68,6 +68,6 @@ def load_native_ops_if_possible() -> NativeOps | None:
 
 def _register_fakes() -> None:
     # Shapes for torch.compile's tracing: the compiled layer steps call int8_mm.
-    @torch.library.register_fake("metrale::int8_mm")  # type: ignore[misc]
+    @torch.library.register_fake("metrale::int8_mm")  # type: ignore[untyped-decorator]
     def _int8_mm_fake(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return a.new_empty((a.shape[0], w.shape[0]), dtype=torch.int32)
