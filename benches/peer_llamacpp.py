@@ -304,7 +304,7 @@ def wait_for_compiled_steps(base_url: str, ready_s: float) -> float | None:
         except (httpx.HTTPError, ValueError):
             return None
         if state != "compiling":
-            return time.perf_counter() - started if state == "compiled" else None
+            return time.perf_counter() - started if state in {"compiled", "native"} else None
         if time.perf_counter() - started > COMPILE_TIMEOUT_S:
             say("  the compile did not finish: measuring the eager steps")
             return None

@@ -31,7 +31,12 @@ def test_compiled_steps_give_the_eager_logits(
     weights = LlamaForCausalLM(config).state_dict()
     models = [
         build_model(
-            config, weights.items(), dtype=torch.float32, device="cpu", quantization=quantization
+            config,
+            weights.items(),
+            dtype=torch.float32,
+            device="cpu",
+            quantization=quantization,
+            kernel_backend="torch",  # the reference ops (test_native_steps covers the cpu ones)
         )
         for _ in range(2)
     ]

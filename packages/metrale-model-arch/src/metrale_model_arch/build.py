@@ -14,6 +14,7 @@ from metrale_kernels import get_backend
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
+from metrale_model_arch.families.native_steps import use_native_steps
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
@@ -227,6 +228,8 @@ def build_model(
         table = allocator(owner, tuple(buffer.shape), buffer.dtype, device)
         table.copy_(buffer)
         model.get_submodule(module_name).register_buffer(leaf, table, persistent=False)
+    # With the cpu backend's native ops already built, its one-call layer segments serve at once.
+    use_native_steps(model)
     return model.eval()
 
 

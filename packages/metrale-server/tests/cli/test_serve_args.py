@@ -112,5 +112,5 @@ def test_all_interfaces_are_warned_about(
 
 def test_engine_args_refuse_an_unknown_kernel_backend() -> None:
     assert EngineArgs().kernel_backend == "auto"
-    with pytest.raises(ValueError, match="kernel_backend must be one of auto, torch, cupy"):
+    with pytest.raises(ValueError, match="kernel_backend must be one of auto, torch, cpu, cupy"):
         EngineArgs(kernel_backend="triton")

@@ -23,7 +23,8 @@ import torch
 from metrale_kernels.cpu_features import cpu_features
 
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("int8_mm.cpp", "paged_decode.cpp")
+SOURCES = ("int8_mm.cpp", "paged_decode.cpp", "llama_layer.cpp")
+HEADERS = ("decode_attention.h", "int8_mm.h", "vec_math.h")
 # -fopenmp: at::parallel_for is an inline "omp parallel" (run by torch's OpenMP runtime, the
 # process's one).
 # -ffp-contract=off: no fused multiply-adds the source does not write (results must not depend
@@ -69,7 +70,7 @@ def _compiler_version(cxx: str) -> str:
 def build_key(cxx: str) -> str:
     """A digest of everything the built library depends on."""
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in (*SOURCES, *HEADERS):
         digest.update((SOURCE_DIR / name).read_bytes())
     for part in (
         *FLAGS,

@@ -18,6 +18,8 @@
 #include <torch/library.h>
 
 #include <cstdint>
+
+#include "int8_mm.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -179,8 +181,12 @@ std::string int8_mm_path() { return kPath; }
 
 }  // namespace
 
+at::Tensor metrale_native::int8_mm(const at::Tensor& a, const at::Tensor& w) {
+  return ::int8_mm(a, w);
+}
+
 TORCH_LIBRARY(metrale, m) {
   m.def("int8_mm(Tensor a, Tensor w) -> Tensor");
-  m.impl("int8_mm", c10::DispatchKey::CPU, TORCH_FN(int8_mm));
+  m.impl("int8_mm", c10::DispatchKey::CPU, TORCH_FN(::int8_mm));
   m.def("int8_mm_path() -> str", &int8_mm_path);
 }

@@ -145,6 +145,11 @@ QkvStep = Callable[
     tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ]
 OutputStep = Callable[["LlamaDecoderLayer", torch.Tensor, torch.Tensor], torch.Tensor]
+# (layer, hidden, positions, cos_sin, kv_cache, metadata) -> hidden: a decode-only step's layer.
+DecodeLayerStep = Callable[
+    ["LlamaDecoderLayer", torch.Tensor, torch.Tensor, torch.Tensor, LayerCache, AttentionMetadata],
+    torch.Tensor,
+]
 
 
 # A layer's step around its paged attention, in two segments of plain tensor ops (the part
@@ -222,6 +227,8 @@ class LlamaForCausalLM(CausalLM):
         # The two segments of each layer's step (see ``layer_qkv``); a runner may swap in
         # compiled versions of the same functions.
         self.layer_steps: tuple[QkvStep, OutputStep] = (layer_qkv, layer_output)
+        # A whole layer in one call for decode-only steps (the native one), else None.
+        self.decode_layer_step: DecodeLayerStep | None = None
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:
@@ -247,6 +254,11 @@ class LlamaForCausalLM(CausalLM):
         hidden = self.model.embed_tokens(input_ids)
         qkv_step, output_step = self.layer_steps
         layers = cast("Sequence[LlamaDecoderLayer]", self.model.layers)
+        decode_layer = self.decode_layer_step
+        if decode_layer is not None and metadata.is_decode_only:
+            for layer, kv_cache in zip(layers, kv_caches, strict=True):
+                hidden = decode_layer(layer, hidden, positions, cos_sin, kv_cache, metadata)
+            return self.model.norm(hidden)  # type: ignore[no-any-return]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             q, k, v = qkv_step(layer, hidden, positions, cos_sin)
             attended = layer.self_attn.attend(q, k, v, kv_cache, metadata)

@@ -20,7 +20,7 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
             "model": state.served_model_name,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": str(loaded.quantization),
-            "layer_steps": LayerCompiler.state(engine.core.compiler),
+            "layer_steps": LayerCompiler.state(engine.core.compiler, loaded.model),
             "kernels": loaded.model.backend.describe(),
             "device": str(loaded.device),
             "num_kv_blocks": engine.num_kv_blocks,

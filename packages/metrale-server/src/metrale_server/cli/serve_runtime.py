@@ -33,6 +33,7 @@ from metrale_server.cli.serve_args import ServeArgs
 from metrale_server.devices import kernel_summary, resolve_device, resolve_dtype
 from metrale_server.engine.distributed.process_group import backend_for
 from metrale_server.engine.engine import Engine
+from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
@@ -221,6 +222,7 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         loaded.quantization,
         kernel_summary(loaded),
     )
+    logger.info("layer steps: %s", LayerCompiler.state(engine.core.compiler, loaded.model))
     logger.info("device: %s", loaded.device)
     parallel = engine.core.parallel
     if parallel is not None:

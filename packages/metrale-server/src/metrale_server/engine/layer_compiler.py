@@ -5,18 +5,23 @@ inductor's on-disk cache, a few. Either way the server is ready at once: the eng
 eager steps until the compiled ones are swapped in (one attribute, read at the start of each
 forward). A compile that fails leaves the eager steps in place and says why in the log.
 
-The same thread first prepares the kernel backend (the CPU backend builds its native ops
-there on a first start; a cached build was loaded with the model), so the compiled steps trace
-the kernels that will run. Under ``--enforce-eager`` it only prepares the backend.
+The same thread first prepares the kernel backend (the cpu backend builds its native ops
+there on a first start; a cached build was loaded with the model). Where the native one-call
+layer segments can run (a dense int8 llama-family model on the cpu backend) they are swapped
+in and nothing is compiled: they beat the compiled graphs (measured at batch 1, 30 layers:
+7.8 ms against 17-18 ms a step for the compiled ones with attention and head). Under
+``--enforce-eager`` the thread only prepares the backend (and swaps in native segments).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.compiled_steps import can_compile, compile_layer_steps
+from metrale_model_arch.families.native_steps import use_native_steps, uses_native_steps
 
 logger = logging.getLogger("metrale.engine")
 
@@ -35,7 +40,10 @@ class LayerCompiler:
     @classmethod
     def start_if_useful(cls, model: CausalLM, *, enforce_eager: bool) -> LayerCompiler | None:
         """Start preparing the backend and compiling the steps (unless ``enforce_eager`` or
-        ``model`` has no compilable steps); ``None`` when there is nothing to do."""
+        ``model`` has no compilable steps); ``None`` when there is nothing to do (the native
+        segments serve already, or there is nothing to build)."""
+        if uses_native_steps(model):
+            return None
         compile_steps = not enforce_eager and can_compile(model)
         if not compile_steps and not model.backend.needs_prepare():
             return None
@@ -49,28 +57,37 @@ class LayerCompiler:
         return compiler
 
     @staticmethod
-    def state(compiler: LayerCompiler | None) -> str:
-        """``eager`` (never compiled, or the compile failed), ``compiling`` or ``compiled``."""
-        if compiler is None or not compiler.compile_steps:
-            return "eager"
-        if compiler.done.is_set() and compiler.error is not None:
+    def state(compiler: LayerCompiler | None, model: CausalLM) -> str:
+        """``native`` (the native one-call segments), ``compiled``, ``compiling`` (a compile or
+        a native build is running) or ``eager`` (never compiled, or the compile failed)."""
+        if uses_native_steps(model):
+            return "native"
+        if compiler is None or (compiler.done.is_set() and not compiler.compiled):
             return "eager"
         return "compiled" if compiler.done.is_set() else "compiling"
 
     @property
     def compiled(self) -> bool:
-        return self.compile_steps and self.done.is_set() and self.error is None
+        """Whether faster steps than the eager ones serve: compiled or native."""
+        if not self.done.is_set() or self.error is not None:
+            return False
+        return uses_native_steps(self.model) or self.compile_steps
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the compile ends; ``True`` if the compiled steps are in use."""
+        """Block until the compile ends; ``True`` if compiled or native steps are in use."""
         self.done.wait(timeout)
         return self.compiled
 
     def _run(self) -> None:
+        started = time.perf_counter()
         try:
             if self.model.backend.needs_prepare():
                 self.model.backend.prepare()
                 logger.info("kernels: %s", self.model.backend.describe())
+            if use_native_steps(self.model):
+                self.seconds = time.perf_counter() - started
+                logger.info("layer steps: native segments ready in %.1f s", self.seconds)
+                return
             if not self.compile_steps:
                 return
             self.seconds = compile_layer_steps(self.model)  # type: ignore[arg-type]

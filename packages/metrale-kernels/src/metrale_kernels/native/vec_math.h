@@ -1,0 +1,96 @@
+// Small vector helpers shared by the native ops, written out for AVX-512 and AVX2 (GCC leaves
+// these reductions and exp scalar). Each gives the same result for the same inputs, whatever
+// the rest of the batch: sums run in a fixed order.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace metrale_native {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t d = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  total = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_add_ss(half, _mm_movehdup_ps(half));
+  total = _mm_cvtss_f32(half);
+#endif
+  for (; d < n; ++d) total += a[d] * b[d];
+  return total;
+}
+
+// y += p * x
+inline void axpy(float p, const float* x, float* y, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; d + 16 <= n; d += 16)
+    _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + d), _mm512_loadu_ps(y + d)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
+#endif
+  for (; d < n; ++d) y[d] += p * x[d];
+}
+
+// x[i] = exp(x[i] - shift) for x[i] <= shift: 2^n * e^r with |r| <= ln(2) / 2 and e^r by
+// its Taylor polynomial of degree 7 (relative error under 2e-8 before rounding).
+inline float exp_poly(float r) {
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  return p * r + 1.f;
+}
+
+inline void shifted_exp(float* x, int64_t n, float shift) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  constexpr float kLowest = -87.0f;  // e^-87 is about the smallest normal float
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 shift_v = _mm512_set1_ps(shift), lowest = _mm512_set1_ps(kLowest);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), shift_v), lowest);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(kLog2e)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Hi)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(kLn2Lo)));
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    for (const float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f})
+      p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+    _mm512_storeu_ps(x + i, _mm512_scalef_ps(p, k));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = std::max(x[i] - shift, kLowest);
+    const float k = std::nearbyint(v * kLog2e);
+    const float r = (v - k * kLn2Hi) - k * kLn2Lo;
+    x[i] = std::ldexp(exp_poly(r), static_cast<int>(k));
+  }
+}
+
+
+// x[i] = e^x[i] for any x (clamped to [-87, 88], where float e^x is finite and normal).
+inline void exp_in_place(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::min(x[i], 88.f);
+  shifted_exp(x, n, 0.f);
+}
+
+}  // namespace metrale_native

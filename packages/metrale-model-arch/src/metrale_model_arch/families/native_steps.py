@@ -1,0 +1,166 @@
+"""A dense llama-family layer's two segments as single native calls (``metrale::int8_qkv_step``
+and ``metrale::int8_output_step`` of the cpu kernel backend), for int8 weights and float32
+activations on the CPU; and a decode-only step's whole layer, attention included, as one
+(``metrale::int8_decode_layer``).
+
+Each replaces the segment's ~50 small ops (eager) or a ``torch.compile``'d graph, whose guard
+checks and wrappers cost ~80 µs a call at batch 1, 60 calls a step. They compute the same
+function as :func:`~metrale_model_arch.families.llama.layer_qkv` and ``layer_output`` with
+the reference ops, each row's arithmetic fixed by that row alone (float32 rounding apart: the
+norm's and the activation's sums run in another order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+from torch import nn
+
+from metrale_kernels import AttentionMetadata
+from metrale_model_arch.families.base import CausalLM, LayerCache
+from metrale_model_arch.families.int8_layers import Int8Linear
+from metrale_model_arch.families.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+
+
+def can_run_native_steps(model: CausalLM) -> bool:
+    """Whether ``model`` is a dense llama-family model with plain int8 projections (not split
+    over ranks), float32 on the CPU, without q/k norms, on a backend whose native ops are
+    loaded."""
+    if not isinstance(model, LlamaForCausalLM) or not model.has_dense_layers:
+        return False
+    native = getattr(model.backend, "native", None)
+    if native is None or model.model.cos_sin_cache.device.type != "cpu":
+        return False
+    if model.config.hidden_act != "silu":
+        return False
+    for layer in cast("Sequence[LlamaDecoderLayer]", model.model.layers):
+        attention, mlp = layer.self_attn, layer.mlp
+        assert isinstance(mlp, LlamaMLP)
+        linears: tuple[nn.Module, ...] = (
+            attention.qkv_proj,
+            attention.o_proj,
+            mlp.gate_up_proj,
+            mlp.down_proj,
+        )
+        if any(type(linear) is not Int8Linear for linear in linears):
+            return False
+        if attention.q_norm is not None or layer.input_layernorm.weight.dtype != torch.float32:
+            return False
+    return True
+
+
+def native_layer_qkv(
+    layer: LlamaDecoderLayer, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    attention, norm = layer.self_attn, layer.input_layernorm
+    qkv = attention.qkv_proj
+    assert isinstance(qkv, Int8Linear)
+    q, k, v = torch.ops.metrale.int8_qkv_step(
+        hidden.contiguous(),
+        norm.weight,
+        norm.eps,
+        qkv.qweight,
+        qkv.scale,
+        qkv.bias,
+        positions,
+        cos_sin,
+        attention.num_heads,
+        attention.num_kv_heads,
+        attention.head_dim,
+    )
+    return q, k, v
+
+
+def native_layer_output(
+    layer: LlamaDecoderLayer, hidden: torch.Tensor, attended: torch.Tensor
+) -> torch.Tensor:
+    attention, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
+    o_proj, gate_up, down = attention.o_proj, mlp.gate_up_proj, mlp.down_proj
+    assert isinstance(o_proj, Int8Linear)
+    assert isinstance(gate_up, Int8Linear)
+    assert isinstance(down, Int8Linear)
+    out: torch.Tensor = torch.ops.metrale.int8_output_step(
+        hidden.contiguous(),
+        attended,
+        o_proj.qweight,
+        o_proj.scale,
+        o_proj.bias,
+        norm.weight,
+        norm.eps,
+        gate_up.qweight,
+        gate_up.scale,
+        gate_up.bias,
+        down.qweight,
+        down.scale,
+        down.bias,
+    )
+    return out
+
+
+def native_decode_layer(
+    layer: LlamaDecoderLayer,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    kv_cache: LayerCache,
+    metadata: AttentionMetadata,
+) -> torch.Tensor:
+    """A decode-only step's whole layer in one call (token ``t`` is sequence ``t``'s query)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    qkv, o_proj = attention.qkv_proj, attention.o_proj
+    gate_up, down = mlp.gate_up_proj, mlp.down_proj
+    assert isinstance(qkv, Int8Linear)
+    assert isinstance(o_proj, Int8Linear)
+    assert isinstance(gate_up, Int8Linear)
+    assert isinstance(down, Int8Linear)
+    k_cache, v_cache = kv_cache
+    out: torch.Tensor = torch.ops.metrale.int8_decode_layer(
+        hidden.contiguous(),
+        positions,
+        cos_sin,
+        layer.input_layernorm.weight,
+        layer.input_layernorm.eps,
+        qkv.qweight,
+        qkv.scale,
+        qkv.bias,
+        attention.num_heads,
+        attention.num_kv_heads,
+        attention.head_dim,
+        k_cache,
+        v_cache,
+        metadata.slot_mapping,
+        metadata.block_tables,
+        metadata.seq_lens_tensor,
+        attention.sliding_window or 0,
+        attention.scale,
+        o_proj.qweight,
+        o_proj.scale,
+        o_proj.bias,
+        layer.post_attention_layernorm.weight,
+        gate_up.qweight,
+        gate_up.scale,
+        gate_up.bias,
+        down.qweight,
+        down.scale,
+        down.bias,
+    )
+    return out
+
+
+def uses_native_steps(model: CausalLM) -> bool:
+    return isinstance(model, LlamaForCausalLM) and model.layer_steps == (
+        native_layer_qkv,
+        native_layer_output,
+    )
+
+
+def use_native_steps(model: CausalLM) -> bool:
+    """Swap the native segments in when :func:`can_run_native_steps`; whether it did."""
+    if not can_run_native_steps(model):
+        return False
+    assert isinstance(model, LlamaForCausalLM)
+    model.layer_steps = (native_layer_qkv, native_layer_output)
+    model.decode_layer_step = native_decode_layer
+    return True

@@ -1,0 +1,92 @@
+"""The cpu backend's native layer segments and fused decode layer against the reference ops:
+the same logits within the int8 format's rounding, for prefills, mixed steps and decode-only
+steps; and the fused decode layer gives the segments' logits bit for bit (a decode row's
+result does not depend on whether its step also holds prefills)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+import pytest
+import torch
+
+from metrale_config import ModelConfig
+from metrale_kernels.native import load_native_ops_if_possible
+from metrale_model_arch.build import build_model
+from metrale_model_arch.families.llama import LlamaForCausalLM
+from metrale_model_arch.families.native_steps import can_run_native_steps, uses_native_steps
+from metrale_model_arch.weight_format import Quantization
+
+if TYPE_CHECKING:
+    from .conftest import PagedRunner
+
+STEPS = [
+    {0: [5, 9, 2, 77, 31, 8, 1], 1: [3, 3, 40], 2: [11]},  # prefills
+    {0: [12], 1: [99], 2: [4]},  # decode only: the fused layer
+    {0: [6], 3: [8, 8, 1, 2, 60]},  # a decode beside a prefill: the segments
+    {0: [7], 1: [1], 2: [2], 3: [3]},
+    {1: [7]},
+]
+
+
+def build(config: ModelConfig, weights: dict[str, torch.Tensor], backend: str) -> LlamaForCausalLM:
+    model = build_model(
+        config,
+        weights.items(),
+        dtype=torch.float32,
+        device="cpu",
+        quantization=Quantization.INT8,
+        kernel_backend=backend,
+    )
+    assert isinstance(model, LlamaForCausalLM)
+    return model
+
+
+@pytest.fixture
+def native_available() -> None:
+    if load_native_ops_if_possible() is None:
+        pytest.skip("the native CPU ops cannot be built here")
+
+
+@pytest.mark.usefixtures("native_available")
+@pytest.mark.parametrize("changes", [{}, {"qkv_bias": True}, {"sliding_window": 4}])
+def test_native_steps_give_the_reference_logits(
+    tiny_config: ModelConfig, paged_runner: type[PagedRunner], changes: dict[str, object]
+) -> None:
+    config = attrs.evolve(tiny_config, **changes)
+    torch.manual_seed(0)
+    weights = LlamaForCausalLM(config).state_dict()
+    reference, native = build(config, weights, "torch"), build(config, weights, "cpu")
+    assert not uses_native_steps(reference)
+    assert uses_native_steps(native)
+    runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (reference, native)]
+    for step in STEPS:
+        expected, got = (run.step(step) for run in runs)
+        for seq_id in step:
+            torch.testing.assert_close(got[seq_id], expected[seq_id], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("native_available")
+def test_the_fused_decode_layer_is_the_segments_bit_for_bit(
+    tiny_config: ModelConfig, paged_runner: type[PagedRunner]
+) -> None:
+    torch.manual_seed(1)
+    weights = LlamaForCausalLM(tiny_config).state_dict()
+    fused, segments = build(tiny_config, weights, "cpu"), build(tiny_config, weights, "cpu")
+    assert fused.decode_layer_step is not None
+    segments.decode_layer_step = None
+    runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (fused, segments)]
+    for step in STEPS:
+        a, b = (run.step(step) for run in runs)
+        for seq_id in step:
+            assert torch.equal(a[seq_id], b[seq_id])
+
+
+def test_other_models_keep_their_steps(tiny_config: ModelConfig) -> None:
+    torch.manual_seed(0)
+    weights = LlamaForCausalLM(tiny_config).state_dict()
+    float_model = build_model(tiny_config, weights.items(), dtype=torch.float32, device="cpu")
+    assert not can_run_native_steps(float_model)
+    reference = build(tiny_config, weights, "torch")
+    assert not can_run_native_steps(reference)
