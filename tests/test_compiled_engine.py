@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from metrale_kernels.native import load_native_ops_if_possible
 from metrale_model_arch.families.llama import layer_output, layer_qkv
+from metrale_model_arch.families.native_steps import uses_native_steps
 from metrale_server import LLM, SamplingParams
 
 # torch.compile imports modules that warn of their own deprecations.
@@ -28,7 +30,13 @@ def test_background_compile_swaps_in_and_decodes_as_eager(
     tiny_model_factory: Callable[[int], Path], quantization: str
 ) -> None:
     model = str(tiny_model_factory(MAX_SEQ_LEN))
-    common = {"model": model, "device": "cpu", "quantization": quantization}
+    # The reference ops: with the cpu backend's native ops an int8 model runs native segments.
+    common = {
+        "model": model,
+        "device": "cpu",
+        "quantization": quantization,
+        "kernel_backend": "torch",
+    }
     eager = LLM(**common, enforce_eager=True)
     assert eager.engine.core.compiler is None
     compiling = LLM(**common, enforce_eager=False)
@@ -39,3 +47,20 @@ def test_background_compile_swaps_in_and_decodes_as_eager(
     assert compiler.seconds is not None
     assert compiling.engine.loaded.model.layer_steps != (layer_qkv, layer_output)
     assert greedy(compiling) == greedy(eager)
+
+
+def test_the_native_segments_decode_as_the_reference_ops(
+    tiny_model_factory: Callable[[int], Path],
+) -> None:
+    if load_native_ops_if_possible() is None:
+        pytest.skip("the native CPU ops cannot be built here")
+    common = {
+        "model": str(tiny_model_factory(MAX_SEQ_LEN)),
+        "device": "cpu",
+        "quantization": "int8",
+    }
+    reference = LLM(**common, kernel_backend="torch", enforce_eager=True)
+    native = LLM(**common, enforce_eager=False)  # no flags: the cpu backend
+    assert uses_native_steps(native.engine.loaded.model)
+    assert native.engine.core.compiler is None  # nothing to compile or build
+    assert greedy(native) == greedy(reference)
