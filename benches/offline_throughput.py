@@ -6,7 +6,7 @@ A serving-shaped load on the bundled default model, CPU: prompt lengths drawn fr
 64..256 tokens and output lengths from 16..256 (seeded), ``ignore_eos`` so every system makes
 exactly the requested tokens. Throughput = requested output tokens / wall time. The engine runs
 as ``LLM()`` with its defaults (what a user gets with no flags: on a CPU with AVX2 or better,
-int8 weights and compiled layer steps, timed once the background compile is done; ``--eager``
+int8 weights and native (else compiled) layer steps, timed once ready; ``--eager``
 and ``--quantization`` override); ``--sweep`` also runs explicit
 ``max_batch_size`` x ``max_batch_tokens`` settings and prints defaults / best. The baseline is
 HF ``generate`` in static batches (arrival order, left padding, each batch runs until its
@@ -32,6 +32,7 @@ import torch
 
 from metrale_model_arch.memory import param_counts
 from metrale_server import LLM, SamplingParams
+from metrale_server.engine.layer_compiler import LayerCompiler
 
 
 def make_requests(
@@ -232,9 +233,9 @@ def main() -> None:
     compiler = engine.core.compiler
     compiled = compiler is not None and compiler.wait()
     quantization = engine.loaded.quantization
+    steps = LayerCompiler.state(compiler, engine.loaded.model)
     print(
-        f"LLM() defaults: weights {quantization}, "
-        f"{'compiled' if compiled else 'eager'} layer steps"
+        f"LLM() defaults: weights {quantization}, {steps} layer steps"
         f"{f' (compiled in {compiler.seconds:.1f} s)' if compiler and compiled else ''}, "
         f"max_batch_size {engine.max_batch_size}, max_batch_tokens "
         f"{engine.args.max_batch_tokens}, {engine.num_kv_blocks} KV blocks, "
