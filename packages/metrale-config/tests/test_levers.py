@@ -23,6 +23,7 @@ EXPECTED_LEVERS = {
     "METRALE_HOME": (str, "~/.metrale"),
     "METRALE_MAX_BODY_BYTES": (int, 32 * 1024 * 1024),
     "METRALE_GLM_DSA_INDEXER_FLAT": (bool, False),
+    "METRALE_NATIVE_MARCH": (str, "native"),
     "METRALE_ENFORCE_EAGER": (bool, False),
     "METRALE_BENCH_DIR": (str, "benchmarks"),
 }

@@ -14,6 +14,7 @@ import torch
 from metrale_kernels import TorchBackend, get_backend, quantize_per_row
 from metrale_kernels.cpu_backend import CpuBackend
 from metrale_kernels.native import NativeBuildError, load_native_ops
+from metrale_kernels.native_layer_reference import check_layer_ops
 from metrale_kernels.paged_batches import batch_invariance, paged_batch
 
 # (heads, kv_heads): group sizes 1, 3 and 4.
@@ -133,3 +134,9 @@ def test_auto_on_the_cpu_is_the_cpu_backend() -> None:
     chosen = get_backend("cpu", "auto")
     assert isinstance(chosen, CpuBackend) or chosen.name == "torch"
     assert get_backend("cpu", "torch").name == "torch"
+
+
+def test_the_native_layer_ops_match_the_reference_ops(backend: CpuBackend) -> None:
+    del backend
+    for seed in range(3):
+        check_layer_ops(TorchBackend(), seed)

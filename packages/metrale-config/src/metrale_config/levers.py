@@ -65,6 +65,13 @@ LEVERS: Mapping[str, Lever] = _declare(
         doc="Keep the GLM DSA indexer cache flat per sequence instead of paged.",
     ),
     Lever(
+        name="METRALE_NATIVE_MARCH",
+        type=str,
+        default="native",
+        doc="The -march the cpu kernel backend's native ops are compiled for (default: this "
+        "CPU); e.g. haswell builds the AVX2 paths on an AVX-512 machine, to test them.",
+    ),
+    Lever(
         name="METRALE_ENFORCE_EAGER",
         type=bool,
         default=False,

@@ -31,7 +31,6 @@ HEADERS = ("decode_attention.h", "int8_mm.h", "vec_math.h")
 # on the compiler's mood); -fno-math-errno lets exp vectorize.
 FLAGS = (
     "-O3",
-    "-march=native",
     "-std=c++17",
     "-fPIC",
     "-shared",
@@ -41,6 +40,12 @@ FLAGS = (
     "-w",
 )
 LIBRARY_STEM = "metrale_native"
+# The METRALE_NATIVE_MARCH lever (declared in metrale-config): the -march to build for.
+MARCH_LEVER = "METRALE_NATIVE_MARCH"
+
+
+def march_flag() -> str:
+    return f"-march={os.environ.get(MARCH_LEVER) or 'native'}"
 
 
 class NativeBuildError(RuntimeError):
@@ -74,6 +79,7 @@ def build_key(cxx: str) -> str:
         digest.update((SOURCE_DIR / name).read_bytes())
     for part in (
         *FLAGS,
+        march_flag(),
         _compiler_version(cxx),
         torch.__version__,
         sys.version,
@@ -90,6 +96,7 @@ def _command(cxx: str, output: Path) -> list[str]:
     return [
         cxx,
         *FLAGS,
+        march_flag(),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{include}",
         f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",

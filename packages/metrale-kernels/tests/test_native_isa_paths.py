@@ -1,0 +1,62 @@
+"""Each instruction-set path of the native ops this CPU can run, built on purpose: the machine
+picks one at build time (-march=native), so the AVX2 and plain-C paths of an AVX-512 machine
+would otherwise never be compiled or checked here. Each build runs in its own process (one
+process holds one ``metrale`` op library) against the reference ops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from metrale_kernels import cpu_features
+
+CHECK = r"""
+import torch
+from metrale_kernels.native_layer_reference import check_layer_ops
+from metrale_kernels import TorchBackend
+from metrale_kernels.cpu_backend import CpuBackend
+from metrale_kernels.native import load_native_ops
+from metrale_kernels.paged_batches import paged_batch
+
+ops = load_native_ops()
+print(ops.int8_path)
+generator = torch.Generator().manual_seed(0)
+for rows, n, k in [(1, 7, 5), (2, 33, 100), (8, 64, 576), (3, 5, 1536)]:
+    a = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
+    want = (a.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32)
+    assert torch.equal(torch.ops.metrale.int8_mm(a, w), want), (rows, n, k)
+cpu = CpuBackend()
+for window in (None, 5):
+    batch = paged_batch(seq_lens=[1, 30, 77, 9], query_lens=[1, 1, 1, 4], num_heads=6,
+                        num_kv_heads=2, head_dim=40, dtype=torch.float32,
+                        device=torch.device("cpu"), block_size=8)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.3, window)
+    torch.testing.assert_close(cpu.paged_attention(*args), TorchBackend().paged_attention(*args),
+                               rtol=1e-5, atol=1e-5)
+check_layer_ops(TorchBackend())
+"""
+
+# (-march, the int8 path it builds, the CPU flags it needs)
+PATHS = [("haswell", "avx2", {"avx2", "fma"}), ("x86-64", "scalar", set())]
+
+
+@pytest.mark.parametrize(("march", "path", "needs"), PATHS)
+def test_an_instruction_set_path_matches_the_reference(
+    tmp_path: Path, march: str, path: str, needs: set[str]
+) -> None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("needs a C++ compiler")
+    if not needs <= cpu_features().flags or cpu_features().machine != "x86_64":
+        pytest.skip(f"this CPU cannot run the {path} path")
+    env = {**os.environ, "METRALE_NATIVE_MARCH": march, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[0] == path
