@@ -73,11 +73,13 @@ def cross(session: nox.Session) -> None:
 
 @nox.session
 def kernels(session: nox.Session) -> None:
-    """Compile every CUDA kernel source with NVRTC for sm_80 and sm_90 (no GPU needed)."""
+    """Compile every CUDA kernel source with NVRTC for sm_80 and sm_90 (no GPU needed), and
+    build the cpu backend's native ops for this machine from scratch."""
     _install_packages(session, list(SIBLINGS))
     # CuPy's NVRTC bindings, and the NVRTC library itself; no driver or device is used.
     session.install(*CONSTRAINTS, "cupy-cuda12x>=13", "nvidia-cuda-nvrtc-cu12")
     session.run("met", "kernels", "check", "--compiler", "nvrtc")
+    session.run("met", "kernels", "cpu", "--fresh")
 
 
 @nox.session

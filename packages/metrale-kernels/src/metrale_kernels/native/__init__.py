@@ -1,5 +1,6 @@
-"""Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm`` and
-``metrale::paged_decode``. :func:`load_native_ops` builds (or finds cached) and loads them once
+"""Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm``,
+``metrale::paged_decode`` and the llama layer ops (``int8_qkv_step``, ``int8_output_step``,
+``int8_decode_layer``). :func:`load_native_ops` builds (or finds cached) and loads them once
 per process; :class:`metrale_kernels.cpu_backend.CpuBackend` calls them."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class NativeOps:
 
     def describe(self) -> str:
         how = "cached" if self.cached else f"built in {self.seconds:.1f} s"
-        return f"native int8_mm ({self.int8_path}) and paged_decode, {how}"
+        return f"native int8_mm ({self.int8_path}), paged_decode and llama layer ops, {how}"
 
 
 _lock = threading.Lock()

@@ -1,4 +1,5 @@
-"""``met kernels``: the CUDA kernel sources; ``met kernels check`` compiles them without a GPU."""
+"""``met kernels``: ``check`` compiles the CUDA kernel sources without a GPU; ``cpu`` builds
+the cpu backend's native ops for this machine and loads them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from metrale_server.cli.common import CONTEXT
 
 @click.group(context_settings=CONTEXT)
 def kernels() -> None:
-    """The CUDA kernels of the cupy backend."""
+    """The CUDA kernels of the cupy backend and the native ops of the cpu backend."""
 
 
 @kernels.command(context_settings=CONTEXT)
@@ -48,3 +49,26 @@ def check(archs: tuple[str, ...], compiler: str) -> None:
     click.echo(f"{len(results) - failed} of {len(results)} compiled")
     if failed:
         click.get_current_context().exit(1)
+
+
+@kernels.command(context_settings=CONTEXT)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Build into an empty temporary cache instead of using (or filling) the shared one.",
+)
+def cpu(fresh: bool) -> None:
+    """Build (unless cached) and load the cpu backend's native ops: one line with the
+    instruction set, the library and the time. Exits 1 when they cannot be built here."""
+    import tempfile
+    from pathlib import Path
+
+    from metrale_kernels.native import NativeBuildError, load_native_ops
+
+    with tempfile.TemporaryDirectory(prefix="metrale-native-") as scratch:
+        try:
+            ops = load_native_ops(Path(scratch) if fresh else None)
+        except NativeBuildError as error:
+            raise click.ClickException(str(error)) from None
+        assert ops is not None
+        click.echo(f"native cpu ops: {ops.int8_path}, {ops.path.name}, {ops.describe()}")
