@@ -38,7 +38,11 @@ def check_layer_ops(reference: KernelBackend, seed: int = 0) -> None:
         hidden, norm1, EPS, qkv_w, qkv_s, bias, positions, table, HEADS, KV_HEADS, HEAD_DIM
     )
     qkv = reference.int8_linear(reference.rms_norm(hidden, norm1, EPS), qkv_w, qkv_s, bias)
-    want_q, want_k, want_v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+    want_q, want_k, want_v = (
+        qkv[:, :q_size],
+        qkv[:, q_size : q_size + kv_size],
+        qkv[:, q_size + kv_size :],
+    )
     want_q, want_k = reference.apply_rotary(
         want_q.reshape(tokens, HEADS, HEAD_DIM),
         want_k.reshape(tokens, KV_HEADS, HEAD_DIM),
@@ -65,23 +69,25 @@ def check_layer_ops(reference: KernelBackend, seed: int = 0) -> None:
     metadata = build_attention_metadata(
         block_tables=tables, seq_lens=lens, query_lens=[1, 1, 1], block_size=block_size
     )
-    caches = [torch.randn(17, block_size, KV_HEADS, HEAD_DIM, generator=generator) for _ in "kv"]
-    fused_caches = [c.clone() for c in caches]
+    k_cache, v_cache = (
+        torch.randn(17, block_size, KV_HEADS, HEAD_DIM, generator=generator) for _ in "kv"
+    )
+    fused_k, fused_v = k_cache.clone(), v_cache.clone()
     decode_positions = torch.tensor([n - 1 for n in lens])
     fused = torch.ops.metrale.int8_decode_layer(
         hidden, decode_positions, table, norm1, EPS, qkv_w, qkv_s, bias, HEADS, KV_HEADS,
-        HEAD_DIM, *fused_caches, metadata.slot_mapping, metadata.block_tables,
+        HEAD_DIM, fused_k, fused_v, metadata.slot_mapping, metadata.block_tables,
         metadata.seq_lens_tensor, 0, HEAD_DIM**-0.5, o_w, o_s, None, norm2, gu_w, gu_s, None,
         down_w, down_s, None,
     )  # fmt: skip
     q, k, v = torch.ops.metrale.int8_qkv_step(
         hidden, norm1, EPS, qkv_w, qkv_s, bias, decode_positions, table, HEADS, KV_HEADS, HEAD_DIM
     )
-    reference.write_kv(k, v, *caches, metadata.slot_mapping)
-    attended = reference.paged_attention(q.contiguous(), *caches, metadata, HEAD_DIM**-0.5)
+    reference.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    attended = reference.paged_attention(q.contiguous(), k_cache, v_cache, metadata, HEAD_DIM**-0.5)
     segments = torch.ops.metrale.int8_output_step(
         hidden, attended, o_w, o_s, None, norm2, EPS, gu_w, gu_s, None, down_w, down_s, None
     )
-    for got, want in zip(fused_caches, caches, strict=True):
-        assert torch.equal(got, want)
+    assert torch.equal(fused_k, k_cache)
+    assert torch.equal(fused_v, v_cache)
     torch.testing.assert_close(fused, segments, rtol=1e-4, atol=1e-4)
