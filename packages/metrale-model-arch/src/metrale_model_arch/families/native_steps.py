@@ -51,19 +51,21 @@ def can_run_native_steps(model: CausalLM) -> bool:
     return True
 
 
+def _int8(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A projection's int8 matrix, row scales and bias, as the native ops take them."""
+    assert isinstance(linear, Int8Linear)
+    return linear.qweight, linear.scale, linear.bias
+
+
 def native_layer_qkv(
     layer: LlamaDecoderLayer, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     attention, norm = layer.self_attn, layer.input_layernorm
-    qkv = attention.qkv_proj
-    assert isinstance(qkv, Int8Linear)
     q, k, v = torch.ops.metrale.int8_qkv_step(
         hidden.contiguous(),
         norm.weight,
         norm.eps,
-        qkv.qweight,
-        qkv.scale,
-        qkv.bias,
+        *_int8(attention.qkv_proj),
         positions,
         cos_sin,
         attention.num_heads,
@@ -76,25 +78,16 @@ def native_layer_qkv(
 def native_layer_output(
     layer: LlamaDecoderLayer, hidden: torch.Tensor, attended: torch.Tensor
 ) -> torch.Tensor:
-    attention, norm, mlp = layer.self_attn, layer.post_attention_layernorm, layer.mlp
-    o_proj, gate_up, down = attention.o_proj, mlp.gate_up_proj, mlp.down_proj
-    assert isinstance(o_proj, Int8Linear)
-    assert isinstance(gate_up, Int8Linear)
-    assert isinstance(down, Int8Linear)
+    attention, norm = layer.self_attn, layer.post_attention_layernorm
+    mlp = cast(LlamaMLP, layer.mlp)
     out: torch.Tensor = torch.ops.metrale.int8_output_step(
         hidden.contiguous(),
         attended,
-        o_proj.qweight,
-        o_proj.scale,
-        o_proj.bias,
+        *_int8(attention.o_proj),
         norm.weight,
         norm.eps,
-        gate_up.qweight,
-        gate_up.scale,
-        gate_up.bias,
-        down.qweight,
-        down.scale,
-        down.bias,
+        *_int8(mlp.gate_up_proj),
+        *_int8(mlp.down_proj),
     )
     return out
 
@@ -108,13 +101,7 @@ def native_decode_layer(
     metadata: AttentionMetadata,
 ) -> torch.Tensor:
     """A decode-only step's whole layer in one call (token ``t`` is sequence ``t``'s query)."""
-    attention, mlp = layer.self_attn, layer.mlp
-    qkv, o_proj = attention.qkv_proj, attention.o_proj
-    gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    assert isinstance(qkv, Int8Linear)
-    assert isinstance(o_proj, Int8Linear)
-    assert isinstance(gate_up, Int8Linear)
-    assert isinstance(down, Int8Linear)
+    attention, mlp = layer.self_attn, cast(LlamaMLP, layer.mlp)
     k_cache, v_cache = kv_cache
     out: torch.Tensor = torch.ops.metrale.int8_decode_layer(
         hidden.contiguous(),
@@ -122,9 +109,7 @@ def native_decode_layer(
         cos_sin,
         layer.input_layernorm.weight,
         layer.input_layernorm.eps,
-        qkv.qweight,
-        qkv.scale,
-        qkv.bias,
+        *_int8(attention.qkv_proj),
         attention.num_heads,
         attention.num_kv_heads,
         attention.head_dim,
@@ -135,16 +120,10 @@ def native_decode_layer(
         metadata.seq_lens_tensor,
         attention.sliding_window or 0,
         attention.scale,
-        o_proj.qweight,
-        o_proj.scale,
-        o_proj.bias,
+        *_int8(attention.o_proj),
         layer.post_attention_layernorm.weight,
-        gate_up.qweight,
-        gate_up.scale,
-        gate_up.bias,
-        down.qweight,
-        down.scale,
-        down.bias,
+        *_int8(mlp.gate_up_proj),
+        *_int8(mlp.down_proj),
     )
     return out
 
