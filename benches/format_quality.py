@@ -1,13 +1,15 @@
 """Quality of each CPU weight format of the bundled default model: perplexity and greedy agreement.
 
-    python benches/format_quality.py [--formats fp32,bf16,int8] [--json PATH]
+    python benches/format_quality.py [--formats fp32,bf16,int8,q4] [--json PATH]
         [--llama-perplexity PATH/TO/llama-perplexity]
 
 The bundled default model (SmolLM2-135M-Instruct, a Q4_1 GGUF) is loaded in each format:
-``fp32`` (the Q4_1 weights dequantized to float32), ``bf16`` (dequantized to bfloat16) and
-``int8`` (float32 model, ``quantization="int8"``: int8 weights with per-channel scales, int8
-activations per token). Each format is loaded once, as ``LLM(model=None, dtype=...,
-quantization=...)``, and both measurements run on that engine's model.
+``fp32`` (the Q4_1 weights dequantized to float32), ``bf16`` (dequantized to bfloat16),
+``int8`` (float32 model, ``quantization="int8"``: int8 weights with per-channel scales,
+activations in two int8 digits) and ``q4`` (``quantization="q4"``: the projections' Q4_1 blocks
+kept, embeddings and head int8, activations in two int8 digits). Each format is loaded once,
+as ``LLM(model=None, dtype=..., quantization=...)``, and both measurements run on that engine's
+model.
 
 Perplexity: ``benches/data/perplexity_text.txt`` (public-domain English prose: the Declaration
 of Independence and chapter 1 of Pride and Prejudice, ~2,850 tokens) is tokenized with the
@@ -69,6 +71,7 @@ FORMATS = {
     "fp32": Format("fp32", "float32", "none"),
     "bf16": Format("bf16", "bfloat16", "none"),
     "int8": Format("int8", "float32", "int8"),
+    "q4": Format("q4", "float32", "q4"),
 }
 
 COMPLETION_PROMPTS = [
@@ -308,7 +311,7 @@ def parse_formats(spec: str | None) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--formats", help="comma-separated, of fp32,bf16,int8 (default: all)")
+    parser.add_argument("--formats", help="comma-separated, of fp32,bf16,int8,q4 (default: all)")
     parser.add_argument("--text", type=Path, default=TEXT_PATH)
     parser.add_argument("--ctx", type=int, default=512, help="perplexity chunk length")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")

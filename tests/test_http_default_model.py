@@ -48,9 +48,15 @@ def test_health_is_503_while_loading_then_200(server: ServerProcess) -> None:
     assert 503 not in answered[answered.index(200) :]
 
 
-# What the boot log says of the weights with no --quantization: int8 where the CPU has int8
-# dot products (the fast path), float32 elsewhere.
+# What the boot log says of the weights with no --quantization: q4 (the GGUF's Q4_1 blocks)
+# where the CPU has int8 dot products and the native kernels build (the fast path), int8 without
+# the native kernels, float32 elsewhere.
 WEIGHT_LINES = {
+    Quantization.Q4: (
+        "dtype: float32; weights: q4; kernels: q4 (Q4_1 blocks) x int8 -> int32 matmuls",
+        "Weights (q4 blocks + int8 embeddings and head + float32 norms and activations): "
+        "0.09 GiB = embeddings 27.2 MiB + layers 63.4 MiB",
+    ),
     Quantization.INT8: (
         "dtype: float32; weights: int8; kernels: int8 x int8 -> int32 matmuls",
         "Weights (int8 per channel + float32 norms and activations): 0.13 GiB = embeddings "

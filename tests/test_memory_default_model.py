@@ -25,7 +25,8 @@ def weight_storage_bytes(model: torch.nn.Module) -> int:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "quantization"), [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")]
+    ("dtype", "quantization"),
+    [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "q4")],
 )
 def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None:
     engine = Engine(
@@ -46,7 +47,7 @@ def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     assert config.tie_word_embeddings
     assert "weights.lm_head" not in live
-    if quantization == "int8":  # an int8 byte per value, a float32 scale per vocabulary row
+    if quantization in ("int8", "q4"):  # an int8 byte per value, a float32 scale per row
         assert live["weights.embeddings"] == config.vocab_size * (config.hidden_size + 4)
     else:
         assert live["weights.embeddings"] == config.vocab_size * config.hidden_size * dtype_bytes
@@ -59,7 +60,7 @@ def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None
     assert live[ROPE_TABLE] == MAX_SEQ_LEN * config.head_dim * 4
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize("quantization", ["none", "int8", "q4"])
 def test_an_engine_over_the_loaded_default_model_adopts_its_parameters(quantization: str) -> None:
     loaded = load_model(
         None,

@@ -22,15 +22,32 @@ from metrale_kernels import TorchBackend
 from metrale_kernels.cpu_backend import CpuBackend
 from metrale_kernels.native import load_native_ops
 from metrale_kernels.paged_batches import paged_batch
+from metrale_kernels.q4_matmul import dequantize_q4, q4_linear, quantize_q4
 
 ops = load_native_ops()
-print(ops.int8_path)
+print(ops.int8_path, ops.q4_path, torch.ops.metrale.q4_mm_path())
 generator = torch.Generator().manual_seed(0)
 for rows, n, k in [(1, 7, 5), (2, 33, 100), (8, 64, 576), (3, 5, 1536)]:
     a = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
     w = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
     want = (a.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32)
     assert torch.equal(torch.ops.metrale.int8_mm(a, w), want), (rows, n, k)
+# q4_mm: the reference's product (float32 summation order aside), each row on its own.
+for rows, n, k in [(1, 16, 32), (5, 48, 96), (9, 32, 576), (64, 16, 1536)]:
+    w = torch.randn(n, k, generator=generator) * 0.05 + 0.1
+    packed, scales = quantize_q4(w)
+    x = torch.randn(rows, k, generator=generator)
+    x[rows // 2] = 0  # a zero row gives the bias
+    bias = torch.randn(n, generator=generator)
+    scale = float((x.abs() @ dequantize_q4(packed, scales).abs().T).amax())
+    for b in (None, bias):
+        got = torch.ops.metrale.q4_mm(x, packed, scales, b)
+        torch.testing.assert_close(got, q4_linear(x, packed, scales, b), rtol=1e-5,
+                                   atol=1e-5 * scale, msg=lambda m: f"{(rows, n, k)}: {m}")
+        for i in range(rows):
+            alone = torch.ops.metrale.q4_mm(x[i : i + 1], packed, scales, b)
+            assert torch.equal(alone[0], got[i]), (rows, n, k, i)
+    assert torch.equal(got[rows // 2], bias), (rows, n, k)
 cpu = CpuBackend()
 for window in (None, 5):
     batch = paged_batch(seq_lens=[1, 30, 77, 9], query_lens=[1, 1, 1, 4], num_heads=6,
@@ -42,8 +59,8 @@ for window in (None, 5):
 check_layer_ops(TorchBackend())
 """
 
-# (-march, the int8 path it builds, the CPU flags it needs)
-PATHS = [("haswell", "avx2", {"avx2", "fma"}), ("x86-64", "scalar", set())]
+# (-march, the int8 and q4 paths it builds, the CPU flags it needs)
+PATHS = [("haswell", "avx2", {"avx2", "fma", "f16c"}), ("x86-64", "scalar", set())]
 
 
 @pytest.mark.parametrize(("march", "path", "needs"), PATHS)
@@ -59,4 +76,7 @@ def test_an_instruction_set_path_matches_the_reference(
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[0] == path
+    int8_path, q4_path, q4_mm_path = done.stdout.split()[:3]
+    assert int8_path == path
+    assert q4_path == path
+    assert q4_mm_path == path

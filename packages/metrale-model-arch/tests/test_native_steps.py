@@ -1,6 +1,6 @@
 """The cpu backend's native layer segments and fused decode layer against the reference ops:
-the same logits within the int8 format's rounding, for prefills, mixed steps and decode-only
-steps; and the fused decode layer gives the segments' logits bit for bit (a decode row's
+the same logits within float32 rounding (int8 and q4 weights), for prefills, mixed steps and
+decode-only steps; and the fused decode layer gives the segments' logits bit for bit (a decode row's
 result does not depend on whether its step also holds prefills)."""
 
 from __future__ import annotations
@@ -30,13 +30,18 @@ STEPS = [
 ]
 
 
-def build(config: ModelConfig, weights: dict[str, torch.Tensor], backend: str) -> LlamaForCausalLM:
+def build(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    backend: str,
+    quantization: Quantization = Quantization.INT8,
+) -> LlamaForCausalLM:
     model = build_model(
         config,
         weights.items(),
         dtype=torch.float32,
         device="cpu",
-        quantization=Quantization.INT8,
+        quantization=quantization,
         kernel_backend=backend,
     )
     assert isinstance(model, LlamaForCausalLM)
@@ -50,14 +55,20 @@ def native_available() -> None:
 
 
 @pytest.mark.usefixtures("native_available")
+@pytest.mark.parametrize("quantization", [Quantization.INT8, Quantization.Q4])
 @pytest.mark.parametrize("changes", [{}, {"qkv_bias": True}, {"sliding_window": 4}])
 def test_native_steps_give_the_reference_logits(
-    tiny_config: ModelConfig, paged_runner: type[PagedRunner], changes: dict[str, object]
+    tiny_config: ModelConfig,
+    paged_runner: type[PagedRunner],
+    changes: dict[str, object],
+    quantization: Quantization,
 ) -> None:
-    config = attrs.evolve(tiny_config, **changes)
+    # q4 blocks need input features in multiples of 32 (the down projection's)
+    config = attrs.evolve(tiny_config, intermediate_size=64, **changes)
     torch.manual_seed(0)
     weights = LlamaForCausalLM(config).state_dict()
-    reference, native = build(config, weights, "torch"), build(config, weights, "cpu")
+    reference = build(config, weights, "torch", quantization)
+    native = build(config, weights, "cpu", quantization)
     assert not uses_native_steps(reference)
     assert uses_native_steps(native)
     runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (reference, native)]
@@ -68,12 +79,15 @@ def test_native_steps_give_the_reference_logits(
 
 
 @pytest.mark.usefixtures("native_available")
+@pytest.mark.parametrize("quantization", [Quantization.INT8, Quantization.Q4])
 def test_the_fused_decode_layer_is_the_segments_bit_for_bit(
-    tiny_config: ModelConfig, paged_runner: type[PagedRunner]
+    tiny_config: ModelConfig, paged_runner: type[PagedRunner], quantization: Quantization
 ) -> None:
+    config = attrs.evolve(tiny_config, intermediate_size=64)
     torch.manual_seed(1)
-    weights = LlamaForCausalLM(tiny_config).state_dict()
-    fused, segments = build(tiny_config, weights, "cpu"), build(tiny_config, weights, "cpu")
+    weights = LlamaForCausalLM(config).state_dict()
+    fused = build(config, weights, "cpu", quantization)
+    segments = build(config, weights, "cpu", quantization)
     assert fused.decode_layer_step is not None
     segments.decode_layer_step = None
     runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (fused, segments)]

@@ -139,6 +139,8 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     mtp: MtpConfig | None = None
     quantization_method: str | None = None
+    # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
+    gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None
     # Clamp of the SwiGLU gate/up activations (glm5_next); None means unclamped.
     swiglu_limit: float | None = None

@@ -16,6 +16,14 @@ from metrale_kernels.int8_matmul import dequantize_rows, int8_linear, quantize_p
 from metrale_kernels.kda import kda_chunked, kda_decode_step, kda_recurrent, short_conv
 from metrale_kernels.moe_experts import fused_moe
 from metrale_kernels.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
+from metrale_kernels.q4_matmul import (
+    Q4_BLOCK,
+    Q4_PANEL,
+    dequantize_q4,
+    q4_linear,
+    q4_shape_error,
+    quantize_q4,
+)
 from metrale_kernels.rotary import (
     cos_sin_cache,
     default_inv_freq,
@@ -26,6 +34,8 @@ from metrale_kernels.rotary import (
 
 __all__ = [
     "BACKEND_NAMES",
+    "Q4_BLOCK",
+    "Q4_PANEL",
     "AttentionMetadata",
     "BackendUnavailableError",
     "CpuFeatures",
@@ -35,6 +45,7 @@ __all__ = [
     "cos_sin_cache",
     "cpu_features",
     "default_inv_freq",
+    "dequantize_q4",
     "dequantize_rows",
     "dynamic_ntk_inv_freq",
     "fused_moe",
@@ -48,7 +59,10 @@ __all__ = [
     "linear_inv_freq",
     "llama3_inv_freq",
     "pool_index_keys",
+    "q4_linear",
+    "q4_shape_error",
     "quantize_per_row",
+    "quantize_q4",
     "select_positions",
     "short_conv",
     "softmax_topk_routing",

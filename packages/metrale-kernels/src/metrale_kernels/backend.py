@@ -16,6 +16,7 @@ from metrale_kernels import (
     moe_routing,
     paged_attention,
     pointwise,
+    q4_matmul,
 )
 from metrale_kernels.attention_metadata import AttentionMetadata
 
@@ -89,6 +90,20 @@ class KernelBackend:
         """``x (tokens, in)`` times int8 ``qweight (out, in)`` with per-channel ``scale (out,)``,
         activations in two int8 digits: see :func:`int8_matmul.int8_linear`. ``x``'s dtype out."""
         return int8_matmul.int8_linear(x, qweight, scale, bias, out=out)
+
+    def q4_linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x (tokens, in)`` times a q4 matrix (``packed``, ``scales``: :mod:`q4_matmul`'s
+        layout), activations in two int8 digits. ``x``'s dtype out. The reference dequantizes
+        the whole matrix every call: correct, and slow."""
+        return q4_matmul.q4_linear(x, packed, scales, bias, out=out)
 
     def write_kv(
         self,

@@ -4,6 +4,8 @@
   it streams the weight once at the memory's speed, where oneDNN's GEMM reaches a third of it;
   for more rows it is oneDNN's. Integer sums being exact, the result is bit-identical to the
   reference either way, so a sequence's tokens do not depend on which kernel ran.
+- ``q4_linear`` (float32 activations) is ``metrale::q4_mm``: the 4-bit blocks unpacked in
+  registers, never as a dequantized matrix; the same integer sums as the reference's.
 - ``paged_attention`` attends the step's decode rows with ``metrale::paged_decode``, reading
   K/V blocks in place (the reference gathers each row's context into a copy first); prefill
   rows, and caches or activations other than float32, take the reference path.
@@ -116,6 +118,20 @@ class CpuBackend(TorchBackend):
         return int8_matmul.int8_linear(
             x, qweight, scale, bias, out=out, int_mm=torch.ops.metrale.int8_mm
         )
+
+    def q4_linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.native is None or x.device.type != "cpu" or x.dtype != torch.float32:
+            return super().q4_linear(x, packed, scales, bias, out=out)
+        result: torch.Tensor = torch.ops.metrale.q4_mm(x.contiguous(), packed, scales, bias)
+        return result if out is None else out.copy_(result)
 
     def paged_attention(
         self,

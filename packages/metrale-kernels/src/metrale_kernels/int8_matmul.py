@@ -27,6 +27,7 @@ INT8_MAX = 127
 DIGIT_BASE = 2 * INT8_MAX
 # The smallest scale: a row of zeros never divides by zero (weights give it scale 1 outright).
 _MIN_SCALE = torch.finfo(torch.float32).tiny
+_MIN_AMAX = 2.0**-100  # an activation row's least max|x|: 127 / it stays finite (native: kMinAmax)
 
 
 def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,8 +48,9 @@ def two_digit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``x ≈ scale * (digits[:rows] + digits[rows:] / DIGIT_BASE)``, within ``scale / 508``.
     No clamping is needed: ``|steps| <= 127`` and ``|steps - round(steps)| <= 1/2``.
     """
-    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_SCALE)
-    steps = x * (INT8_MAX / amax)  # float32, in steps of the first digit
+    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX)
+    # 127 / amax rounded once, as the native ops compute it (``127 / tensor`` would round twice)
+    steps = x * (torch.full_like(amax, INT8_MAX) / amax)  # float32, in steps of the first digit
     first = steps.round()
     second = (steps - first).mul_(DIGIT_BASE).round_()
     return torch.cat((first, second)).to(torch.int8), amax.squeeze(-1) / INT8_MAX

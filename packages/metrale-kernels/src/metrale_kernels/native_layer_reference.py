@@ -1,32 +1,78 @@
 """The native layer ops (``metrale::int8_qkv_step``, ``int8_output_step``,
 ``int8_decode_layer``) against the same layer composed of a backend's reference ops, on random
-inputs: the shared check of the cpu backend's tests, for every instruction-set path."""
+inputs: the shared check of the cpu backend's tests, for every instruction-set path.
+
+Each projection's weight is int8 (``quantize_per_row``) or q4 (``quantize_q4``): the ops take
+either, projection by projection; :data:`LAYER_FORMATS` are the mixes checked."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
 from metrale_kernels import build_attention_metadata, cos_sin_cache, default_inv_freq
 from metrale_kernels.backend import KernelBackend
 from metrale_kernels.int8_matmul import quantize_per_row
+from metrale_kernels.q4_matmul import quantize_q4
 
+# Every projection's rows a multiple of 16 and its input features of 32, as q4 needs.
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 96, 6, 2, 16, 160
 EPS = 1e-5
 
+WeightFormat = Literal["int8", "q4"]
+# The formats of (qkv, o, gate_up, down): all int8, all q4, and two mixes.
+LAYER_FORMATS: tuple[tuple[WeightFormat, WeightFormat, WeightFormat, WeightFormat], ...] = (
+    ("int8", "int8", "int8", "int8"),
+    ("q4", "q4", "q4", "q4"),
+    ("q4", "int8", "q4", "int8"),
+    ("int8", "q4", "int8", "q4"),
+)
 
-def _int8(rows: int, cols: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_per_row(torch.randn(rows, cols, generator=generator) * 0.2)
+
+def _weight(
+    fmt: WeightFormat, rows: int, cols: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.randn(rows, cols, generator=generator) * 0.2
+    return quantize_q4(w) if fmt == "q4" else quantize_per_row(w)
+
+
+def _linear(
+    reference: KernelBackend,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The reference projection for a weight of either format (uint8: q4)."""
+    if weight.dtype == torch.uint8:
+        return reference.q4_linear(x, weight, scale, bias)
+    return reference.int8_linear(x, weight, scale, bias)
 
 
 def check_layer_ops(reference: KernelBackend, seed: int = 0) -> None:
     """Raise ``AssertionError`` where a native layer op differs from ``reference``'s ops
-    beyond float32 rounding (and the int8 digits it can flip)."""
+    beyond float32 rounding (and the int8 digits it can flip), for each of
+    :data:`LAYER_FORMATS`."""
+    for formats in LAYER_FORMATS:
+        try:
+            _check_layer(reference, formats, seed)
+        except AssertionError as error:
+            raise AssertionError(f"weights {formats} (qkv, o, gate_up, down): {error}") from error
+
+
+def _check_layer(
+    reference: KernelBackend,
+    formats: tuple[WeightFormat, WeightFormat, WeightFormat, WeightFormat],
+    seed: int,
+) -> None:
     generator = torch.Generator().manual_seed(seed)
     q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
-    qkv_w, qkv_s = _int8(q_size + 2 * kv_size, HIDDEN, generator)
-    o_w, o_s = _int8(HIDDEN, q_size, generator)
-    gu_w, gu_s = _int8(2 * INTER, HIDDEN, generator)
-    down_w, down_s = _int8(HIDDEN, INTER, generator)
+    qkv_format, o_format, gu_format, down_format = formats
+    qkv_w, qkv_s = _weight(qkv_format, q_size + 2 * kv_size, HIDDEN, generator)
+    o_w, o_s = _weight(o_format, HIDDEN, q_size, generator)
+    gu_w, gu_s = _weight(gu_format, 2 * INTER, HIDDEN, generator)
+    down_w, down_s = _weight(down_format, HIDDEN, INTER, generator)
     norm1, norm2 = (1 + 0.1 * torch.randn(HIDDEN, generator=generator) for _ in range(2))
     bias = 0.1 * torch.randn(q_size + 2 * kv_size, generator=generator)
     table = cos_sin_cache(default_inv_freq(HEAD_DIM, 10000.0), 64)
@@ -37,7 +83,7 @@ def check_layer_ops(reference: KernelBackend, seed: int = 0) -> None:
     q, k, v = torch.ops.metrale.int8_qkv_step(
         hidden, norm1, EPS, qkv_w, qkv_s, bias, positions, table, HEADS, KV_HEADS, HEAD_DIM
     )
-    qkv = reference.int8_linear(reference.rms_norm(hidden, norm1, EPS), qkv_w, qkv_s, bias)
+    qkv = _linear(reference, reference.rms_norm(hidden, norm1, EPS), qkv_w, qkv_s, bias)
     want_q, want_k, want_v = (
         qkv[:, :q_size],
         qkv[:, q_size : q_size + kv_size],
@@ -57,10 +103,10 @@ def check_layer_ops(reference: KernelBackend, seed: int = 0) -> None:
         hidden, attended, o_w, o_s, None, norm2, EPS, gu_w, gu_s, None, down_w, down_s, None
     )
     normed, summed = reference.add_rms_norm(
-        reference.int8_linear(attended.reshape(tokens, -1), o_w, o_s), hidden, norm2, EPS
+        _linear(reference, attended.reshape(tokens, -1), o_w, o_s), hidden, norm2, EPS
     )
-    act = reference.silu_and_mul(reference.int8_linear(normed, gu_w, gu_s))
-    want_out = summed + reference.int8_linear(act, down_w, down_s)
+    act = reference.silu_and_mul(_linear(reference, normed, gu_w, gu_s))
+    want_out = summed + _linear(reference, act, down_w, down_s)
     torch.testing.assert_close(out, want_out, rtol=1e-3, atol=1e-3)
 
     # A decode-only step of 3 sequences: the fused layer against the segments it replaces.

@@ -15,6 +15,7 @@ from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
 from metrale_model_arch.families.native_steps import use_native_steps
+from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
@@ -33,7 +34,8 @@ __all__ = ["CheckpointError", "build_model", "column_major_names"]
 
 # Checkpoints from older transformers versions carry the rotary buffer; it is derived here.
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
-TIED_LM_HEAD = "lm_head.weight"
+HEAD = "lm_head"  # stays int8 under q4: one matrix with the embeddings when tied
+TIED_LM_HEAD = f"{HEAD}.weight"
 _MAX_LISTED_NAMES = 20
 
 
@@ -122,7 +124,10 @@ def build_model(
     With ``quantization`` ``int8``, the embeddings and the projections the architecture lists
     (``int8_linears``) are quantized per row as their tensors arrive
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
-    ``ValueError``. With a ``shard`` of a world over one rank, the model is that rank's part
+    ``ValueError``. With ``q4``, the same projections but the head are 4-bit blocks
+    (:mod:`~metrale_model_arch.families.q4_layers`), the embeddings and the head int8; a
+    projection the blocks cannot tile, or a split model, raises ``ValueError``. With a
+    ``shard`` of a world over one rank, the model is that rank's part
     (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
     layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream
     (or already narrowed, ``is_sharded``: a loader that read only the shard's slices). The
@@ -148,14 +153,21 @@ def build_model(
         if is_split:
             assert shard is not None
             apply_tensor_parallel(model, shard)
-        int8_rows: dict[str, Int8Rows] = {}
-        if quantization == Quantization.INT8:
+        int8_rows: dict[str, Int8Rows | Q4Linear] = {}
+        if quantization in (Quantization.INT8, Quantization.Q4):
             if not record.int8_linears:
                 raise ValueError(
-                    f"{config.model_type}: int8 weights are not supported for this model type "
-                    "yet; use quantization 'none'"
+                    f"{config.model_type}: {quantization} weights are not supported for this "
+                    "model type yet; use quantization 'none'"
                 )
-            int8_rows = swap_in_int8(model, record.int8_linears, model.backend)
+            if quantization == Quantization.Q4:
+                if is_split:
+                    raise ValueError(
+                        "q4 weights do not split over tensor-parallel ranks yet; use "
+                        "quantization 'int8' or 'none'"
+                    )
+                int8_rows.update(swap_in_q4(model, record.int8_linears - {HEAD}, model.backend))
+            int8_rows.update(swap_in_int8(model, record.int8_linears, model.backend))
             if is_split:
                 assert shard is not None
                 apply_tensor_parallel_int8(model, shard)
@@ -169,6 +181,7 @@ def build_model(
     shapes.update((name, torch.Size(rows.logical_shape)) for name, rows in int8_rows.items())
     coverage = {name: _Coverage(shape) for name, shape in shapes.items()}
     loaded: dict[str, torch.Tensor] = {}
+    allocated: set[str] = set()  # the quantized stand-ins' parameters
     seen: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in weights:
@@ -191,9 +204,9 @@ def build_model(
                 f"tensor {name!r} writes {_describe(target)}, which another tensor already wrote"
             )
         if (rows := int8_rows.get(target.param)) is not None:
-            if target.param not in loaded:
+            if target.param not in allocated:
                 rows.allocate(allocator, weight_owner(target.param), device)
-                loaded[target.param] = rows.qweight
+                allocated.add(target.param)
             rows.write_rows(target.index, tensor)
             continue
         data = loaded.get(target.param)
@@ -222,7 +235,7 @@ def build_model(
     tie_int8_heads(model)
     for name, buffer in list(model.named_buffers()):
         module_name, _, leaf = name.rpartition(".")
-        if isinstance(model.get_submodule(module_name), Int8Rows):
+        if isinstance(model.get_submodule(module_name), (Int8Rows, Q4Linear)):
             continue  # allocated and filled while loading
         owner = ROPE_TABLE if leaf == ROPE_TABLE_BUFFER else weight_owner(name)
         table = allocator(owner, tuple(buffer.shape), buffer.dtype, device)

@@ -106,8 +106,9 @@ def load_model(
     ``chat_template`` replaces the model's own. Without either, ChatML is used. Weights and
     tables are allocated through ``allocator`` (an allocation ledger, in the server);
     ``on_progress(done, total)`` hears of every checkpoint tensor loaded. ``quantization``
-    ``int8`` stores the embeddings and projections as int8 per row
-    (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations' and norms'.
+    ``int8`` stores the embeddings and projections as int8 per row, ``q4`` the projections as
+    4-bit blocks (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations'
+    and norms'.
     ``kernel_backend`` (``auto``, ``torch``, ``cupy``) runs the model's ops.
     ``shard``: load only this rank's part (:mod:`~metrale_model_arch.parallel`).
     """

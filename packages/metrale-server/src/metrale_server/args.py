@@ -11,7 +11,7 @@ CPU_KV_CACHE_DEFAULT_GIB = 4.0
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto`` (named here: importing model-arch
 # would import torch, and ``met --help`` should not wait for it).
-QUANTIZATION_CHOICES = ("auto", "none", "int8")
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
 # ``metrale_kernels.BACKEND_NAMES``, named here for the same reason.
 KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
 
@@ -32,8 +32,9 @@ class EngineArgs:
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
     ``tensor_parallel_size`` above 1 splits the model over that many ranks
     (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
-    ``quantization`` ``auto`` is ``int8`` on a CPU where int8 matmuls beat float32 (AVX2,
-    VNNI, AMX, arm64) serving a float32 model whose type has an int8 path, ``none`` otherwise.
+    ``quantization`` ``auto`` is ``q4`` for a Q4_1 GGUF and ``int8`` for other checkpoints on
+    a CPU where int8 matmuls beat float32 (AVX2, VNNI, AMX, arm64) serving a float32 model
+    whose type has an int8 path (q4: where the native cpu kernels run), ``none`` otherwise.
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
     kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++

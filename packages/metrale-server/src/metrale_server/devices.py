@@ -7,6 +7,7 @@ import torch
 from metrale_config import ModelConfig
 from metrale_kernels import BackendUnavailableError, cpu_features, get_backend
 from metrale_model_arch import LoadedModel, Quantization
+from metrale_model_arch.memory.weights import q4_support_error
 from metrale_model_arch.registry import ARCHITECTURES
 from metrale_server.args import DTYPE_NAMES
 
@@ -40,24 +41,48 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return DTYPES[spec]
 
 
+# A GGUF's ggml types whose blocks q4 keeps bit for bit.
+Q4_EXACT_GGML_TYPES = frozenset({"Q4_1"})
+
+
 def resolve_quantization(
-    spec: str, device: torch.device, dtype: torch.dtype, config: ModelConfig
+    spec: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    config: ModelConfig,
+    kernel_backend: str = "auto",
 ) -> Quantization:
-    """``auto`` is int8 where it is the fastest path measured: on a CPU where int8 matmuls beat
-    float32 (``CpuFeatures.int8_matmul``: AVX2 or better, arm64), for a float32 serve of a model
-    type with an int8 path."""
+    """``auto`` is the fastest path measured for a float32 serve on a CPU where int8 matmuls
+    beat float32 (``CpuFeatures.int8_matmul``: AVX2 or better, arm64), of a model type with an
+    int8 path: ``q4`` for a GGUF whose projections are all Q4_1 (kept bit for bit, 5 bits a
+    weight to stream instead of 8) where the native cpu kernels run them and the blocks tile
+    every projection; ``int8`` otherwise. ``none`` elsewhere."""
     if spec != "auto":
         return Quantization(spec)
     record = ARCHITECTURES.get(config.model_type)
-    if (
+    if not (
         device.type == "cpu"
         and dtype == torch.float32
         and cpu_features().int8_matmul
         and record is not None
         and record.int8_linears
     ):
-        return Quantization.INT8
-    return Quantization.NONE
+        return Quantization.NONE
+    if (
+        config.gguf_projection_types
+        and set(config.gguf_projection_types) <= Q4_EXACT_GGML_TYPES
+        and q4_support_error(config) is None
+        and _runs_native_cpu_kernels(device, kernel_backend)
+    ):
+        return Quantization.Q4
+    return Quantization.INT8
+
+
+def _runs_native_cpu_kernels(device: torch.device, kernel_backend: str) -> bool:
+    try:
+        return get_backend(device, kernel_backend).name == "cpu"
+    except (BackendUnavailableError, ValueError):
+        return False
 
 
 def kernel_summary(loaded: LoadedModel) -> str:
@@ -67,6 +92,8 @@ def kernel_summary(loaded: LoadedModel) -> str:
         return f"{backend.name} backend"
     if loaded.quantization == Quantization.INT8:
         matmul = "int8 x int8 -> int32 matmuls"
+    elif loaded.quantization == Quantization.Q4:
+        matmul = "q4 (Q4_1 blocks) x int8 -> int32 matmuls, int8 embeddings and head"
     else:
         matmul = f"{str(loaded.dtype).removeprefix('torch.')} matmuls (torch linear)"
         if loaded.dtype == torch.bfloat16 and not cpu_features().bf16_dot:

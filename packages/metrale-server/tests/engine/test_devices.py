@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -77,7 +80,55 @@ def test_auto_quantization_is_int8_only_where_it_is_the_fast_path(
     assert resolve_quantization("int8", torch.device(device), dtype, config) is Quantization.INT8
 
 
+def q4_tileable_config(**changes: object) -> ModelConfig:
+    fields: dict[str, object] = {
+        "source": "test",
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32,
+        "quantization_method": "gguf",
+        "gguf_projection_types": ("Q4_1",),
+    }
+    return ModelConfig(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "kernel_backend", "expected"),
+    [
+        ({}, "auto", Quantization.Q4),
+        ({}, "cpu", Quantization.Q4),
+        ({}, "torch", Quantization.INT8),  # the reference q4 op dequantizes every call
+        ({"gguf_projection_types": ("Q4_1", "Q6_K")}, "auto", Quantization.INT8),
+        ({"gguf_projection_types": ("Q4_0",)}, "auto", Quantization.INT8),  # not kept exactly
+        ({"gguf_projection_types": ()}, "auto", Quantization.INT8),  # safetensors
+        ({"intermediate_size": 48}, "auto", Quantization.INT8),  # not whole blocks of 32
+    ],
+)
+def test_auto_quantization_is_q4_for_a_q4_1_gguf_on_the_native_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+    changes: dict[str, object],
+    kernel_backend: str,
+    expected: Quantization,
+) -> None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("the cpu kernel backend needs a C++ compiler")
+    monkeypatch.setattr(devices, "cpu_features", lambda: VNNI)
+    config = q4_tileable_config(**changes)
+    cpu = torch.device("cpu")
+    got = resolve_quantization("auto", cpu, torch.float32, config, kernel_backend)
+    assert got is expected
+    assert resolve_quantization("q4", cpu, torch.float32, config) is Quantization.Q4
+    assert resolve_quantization("auto", cpu, torch.bfloat16, config) is Quantization.NONE
+
+
 def test_quantization_choices_are_the_model_layers_formats() -> None:
     assert ("auto", *QUANTIZATION_NAMES) == QUANTIZATION_CHOICES
-    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8"):
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, q4"):
         EngineArgs(quantization="int4")

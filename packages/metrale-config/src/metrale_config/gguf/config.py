@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from metrale_config.errors import ConfigError
 from metrale_config.fields import FieldReader
@@ -65,10 +66,20 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         pad_token_id=reader.optional_integer("tokenizer.ggml.padding_token_id"),
         layer_types=(LayerType.FULL_ATTENTION,) * num_layers,
         quantization_method="gguf",
+        gguf_projection_types=_projection_types(header),
     )
     config = with_moe(config, reader, header, arch)
     validate_model_config(config)
     return config
+
+
+_PROJECTION = re.compile(r"blk\.\d+\.(attn_(q|k|v|qkv|output)|ffn_(gate|up|down))\.weight")
+
+
+def _projection_types(header: GgufHeader) -> tuple[str, ...]:
+    return tuple(
+        sorted({info.ggml_type for info in header.tensors if _PROJECTION.fullmatch(info.name)})
+    )
 
 
 def _vocab_size(reader: FieldReader, header: GgufHeader, arch: str) -> int:

@@ -1,4 +1,5 @@
 """Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm``,
+``metrale::q4_mm``,
 ``metrale::paged_decode`` and the llama layer ops (``int8_qkv_step``, ``int8_output_step``,
 ``int8_decode_layer``). :func:`load_native_ops` builds (or finds cached) and loads them once
 per process; :class:`metrale_kernels.cpu_backend.CpuBackend` calls them."""
@@ -21,12 +22,16 @@ __all__ = ["NativeBuildError", "NativeOps", "load_native_ops", "load_native_ops_
 class NativeOps:
     path: Path
     int8_path: str  # the int8 kernel's instruction set: avx512_vnni, avx2 or scalar
+    q4_path: str  # the q4 kernel's, likewise
     cached: bool  # loaded from an earlier build
     seconds: float  # to build (or find) and load
 
     def describe(self) -> str:
         how = "cached" if self.cached else f"built in {self.seconds:.1f} s"
-        return f"native int8_mm ({self.int8_path}), paged_decode and llama layer ops, {how}"
+        return (
+            f"native int8_mm ({self.int8_path}), q4_mm ({self.q4_path}), paged_decode and "
+            f"llama layer ops, {how}"
+        )
 
 
 _lock = threading.Lock()
@@ -53,6 +58,7 @@ def load_native_ops(cache_dir: Path | None = None, *, build: bool = True) -> Nat
         _loaded = NativeOps(
             path=path,
             int8_path=str(torch.ops.metrale.int8_mm_path()),
+            q4_path=str(torch.ops.metrale.q4_mm_path()),
             cached=cached,
             seconds=time.perf_counter() - started,
         )
@@ -72,3 +78,9 @@ def _register_fakes() -> None:
     @torch.library.register_fake("metrale::int8_mm")  # type: ignore[untyped-decorator]
     def _int8_mm_fake(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return a.new_empty((a.shape[0], w.shape[0]), dtype=torch.int32)
+
+    @torch.library.register_fake("metrale::q4_mm")  # type: ignore[untyped-decorator]
+    def _q4_mm_fake(
+        x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], packed.shape[0] * scales.shape[-1]))

@@ -1,5 +1,6 @@
 // metrale::int8_qkv_step and metrale::int8_output_step: a dense llama-family layer's two
-// segments around paged attention, for int8 weights and float32 activations, each one call.
+// segments around paged attention, for int8 or q4 weights (each projection either) and float32
+// activations, each one call.
 //
 // They compute what metrale_model_arch's layer_qkv and layer_output compute with the
 // reference ops (RMSNorm, activations in two int8 digits through the exact int8 product,
@@ -21,13 +22,13 @@
 
 #include "decode_attention.h"
 #include "int8_mm.h"
+#include "q4_mm.h"
+#include "two_digits.h"
 #include "vec_math.h"
 
 namespace {
 
-constexpr float kInt8Max = 127.f;
-constexpr float kDigitBase = 2.f * kInt8Max;
-const float kMinScale = std::numeric_limits<float>::min();
+using metrale_native::kDigitBase;
 
 // Rows per task of the per-row loops: one token's work is a few microseconds.
 constexpr int64_t kRowGrain = 16;
@@ -58,9 +59,11 @@ void rms_norm_rows(const float* x, const float* weight, float eps, float* out, i
   });
 }
 
-// y = x @ W.T (+ bias), x written as two int8 digits per value (int8_matmul.two_digit_rows).
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias) {
+// y = x @ W.T (+ bias), x written as two int8 digits per value (int8_matmul.two_digit_rows);
+// W int8 with a float32 scale per row, or q4 (uint8 nibbles, float16 block scales: q4_mm.h).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                  const c10::optional<at::Tensor>& bias) {
+  if (metrale_native::is_q4_weight(w)) return metrale_native::q4_linear(x, w, scale, bias);
   const int64_t rows = x.size(0), width = x.size(1), out_features = w.size(0);
   check_int8_weight(w, scale, width);
   at::Tensor digits = at::empty({2 * rows, width}, x.options().dtype(at::kChar));
@@ -69,21 +72,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   int8_t* d_data = digits.data_ptr<int8_t>();
   float* s_data = x_scale.data_ptr<float>();
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = x_data + r * width;
-      float amax = 0.f;
-      for (int64_t i = 0; i < width; ++i) amax = std::max(amax, std::fabs(row[i]));
-      amax = std::max(amax, kMinScale);
-      const float step = kInt8Max / amax;
-      for (int64_t i = 0; i < width; ++i) {
-        const float steps = row[i] * step;
-        const float first = std::nearbyint(steps);
-        d_data[r * width + i] = static_cast<int8_t>(first);
-        d_data[(rows + r) * width + i] =
-            static_cast<int8_t>(std::nearbyint((steps - first) * kDigitBase));
-      }
-      s_data[r] = amax / kInt8Max;
-    }
+    for (int64_t r = begin; r < end; ++r)
+      s_data[r] = metrale_native::write_two_digits(x_data + r * width, width,
+                                                   d_data + r * width,
+                                                   d_data + (rows + r) * width);
   });
   const at::Tensor sums = metrale_native::int8_mm(digits, w);
   at::Tensor out = at::empty({rows, out_features}, x.options());
@@ -141,11 +133,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_qkv_step(
               "int8_qkv_step: a float32 (positions, head_dim) rotary table");
   const int64_t rows = hidden.size(0), width = hidden.size(1);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  TORCH_CHECK(qkv_w.size(0) == q_size + 2 * kv_size, "int8_qkv_step: q, k and v rows");
+  const int64_t qkv_rows = metrale_native::is_q4_weight(qkv_w) ? qkv_w.size(0) * 16 : qkv_w.size(0);
+  TORCH_CHECK(qkv_rows == q_size + 2 * kv_size, "int8_qkv_step: q, k and v rows");
   at::Tensor normed = at::empty_like(hidden);
   rms_norm_rows(hidden.data_ptr<float>(), norm_weight.data_ptr<float>(), static_cast<float>(eps),
                 normed.data_ptr<float>(), rows, width);
-  at::Tensor qkv = int8_linear(normed, qkv_w, qkv_scale, qkv_bias);
+  at::Tensor qkv = linear(normed, qkv_w, qkv_scale, qkv_bias);
   const at::Tensor positions_c = positions.contiguous();
   float* data = qkv.data_ptr<float>();
   const int64_t stride = q_size + 2 * kv_size;
@@ -171,7 +164,7 @@ at::Tensor int8_output_step(const at::Tensor& hidden, const at::Tensor& attended
   const at::Tensor attended_rows = attended.reshape({rows, -1}).contiguous();
   check_activations(attended_rows, "int8_output_step: attended");
   // hidden + o_proj(attended), normed.
-  at::Tensor summed = int8_linear(attended_rows, o_w, o_scale, o_bias);
+  at::Tensor summed = linear(attended_rows, o_w, o_scale, o_bias);
   float* s = summed.data_ptr<float>();
   const float* h = hidden.data_ptr<float>();
   for (int64_t i = 0; i < rows * width; ++i) s[i] = s[i] + h[i];
@@ -179,7 +172,7 @@ at::Tensor int8_output_step(const at::Tensor& hidden, const at::Tensor& attended
   rms_norm_rows(s, norm_weight.data_ptr<float>(), static_cast<float>(eps), normed.data_ptr<float>(),
                 rows, width);
   // silu(gate) * up, then down_proj, then the residual.
-  const at::Tensor gate_up = int8_linear(normed, gate_up_w, gate_up_scale, gate_up_bias);
+  const at::Tensor gate_up = linear(normed, gate_up_w, gate_up_scale, gate_up_bias);
   const int64_t inter = gate_up.size(1) / 2;
   at::Tensor act = at::empty({rows, inter}, hidden.options());
   const float* gu = gate_up.data_ptr<float>();
@@ -194,7 +187,7 @@ at::Tensor int8_output_step(const at::Tensor& hidden, const at::Tensor& attended
         out_row[i] = gate[i] / (1.f + out_row[i]) * gate[i + inter];
     }
   });
-  at::Tensor out = int8_linear(act, down_w, down_scale, down_bias);
+  at::Tensor out = linear(act, down_w, down_scale, down_bias);
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < rows * width; ++i) o[i] = s[i] + o[i];
   return out;

@@ -10,7 +10,8 @@ class ParamCounts:
     """Parameter counts by owner at the serve dtype, plus the layers' float32 parameters.
 
     ``layers_int8_weights``: how many of ``layers`` are weights of the linear layers int8
-    quantization replaces, in ``layers_int8_rows`` output channels (each with a scale).
+    quantization replaces, in ``layers_int8_rows`` output channels (each with a scale);
+    ``layers_projection_shapes``: those linear layers' ``(out, in)`` shapes, every layer's.
     """
 
     embeddings: int
@@ -20,3 +21,4 @@ class ParamCounts:
     layers_fp32: int = 0
     layers_int8_weights: int = 0
     layers_int8_rows: int = 0
+    layers_projection_shapes: tuple[tuple[int, int], ...] = ()

@@ -14,6 +14,12 @@ def llama_param_counts(config: ModelConfig) -> ParamCounts:
     attention = hidden * (q_size + 2 * kv_size) + q_size * hidden
     linear_weights = attention + 3 * hidden * config.intermediate_size
     linear_rows = (q_size + 2 * kv_size) + hidden + 2 * config.intermediate_size + hidden
+    projections = (
+        (q_size + 2 * kv_size, hidden),
+        (hidden, q_size),
+        (2 * config.intermediate_size, hidden),
+        (hidden, config.intermediate_size),
+    )
     if config.qkv_bias:
         attention += q_size + 2 * kv_size
     if config.o_proj_bias:
@@ -32,4 +38,5 @@ def llama_param_counts(config: ModelConfig) -> ParamCounts:
         lm_head=0 if config.tie_word_embeddings else embeddings,
         layers_int8_weights=config.num_hidden_layers * linear_weights,
         layers_int8_rows=config.num_hidden_layers * linear_rows,
+        layers_projection_shapes=projections * config.num_hidden_layers,
     )

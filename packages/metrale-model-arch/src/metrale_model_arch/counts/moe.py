@@ -64,5 +64,9 @@ def _routed_moe_param_counts(config: ModelConfig) -> ParamCounts:
     without_mlp = llama_param_counts(attrs.evolve(config, intermediate_size=0, mlp_bias=False))
     # No int8 path for these families yet (their records list no int8 linears).
     return attrs.evolve(
-        without_mlp, layers=without_mlp.layers + mlps, layers_int8_weights=0, layers_int8_rows=0
+        without_mlp,
+        layers=without_mlp.layers + mlps,
+        layers_int8_weights=0,
+        layers_int8_rows=0,
+        layers_projection_shapes=(),
     )

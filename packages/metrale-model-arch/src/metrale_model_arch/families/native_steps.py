@@ -1,5 +1,5 @@
 """A dense llama-family layer's two segments as single native calls (``metrale::int8_qkv_step``
-and ``metrale::int8_output_step`` of the cpu kernel backend), for int8 weights and float32
+and ``metrale::int8_output_step`` of the cpu kernel backend), for int8 or q4 weights and float32
 activations on the CPU; and a decode-only step's whole layer, attention included, as one
 (``metrale::int8_decode_layer``).
 
@@ -22,10 +22,11 @@ from metrale_kernels import AttentionMetadata
 from metrale_model_arch.families.base import CausalLM, LayerCache
 from metrale_model_arch.families.int8_layers import Int8Linear
 from metrale_model_arch.families.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from metrale_model_arch.families.q4_layers import Q4Linear
 
 
 def can_run_native_steps(model: CausalLM) -> bool:
-    """Whether ``model`` is a dense llama-family model with plain int8 projections (not split
+    """Whether ``model`` is a dense llama-family model with plain int8 or q4 projections (not split
     over ranks), float32 on the CPU, without q/k norms, on a backend whose native ops are
     loaded."""
     if not isinstance(model, LlamaForCausalLM) or not model.has_dense_layers:
@@ -44,15 +45,18 @@ def can_run_native_steps(model: CausalLM) -> bool:
             mlp.gate_up_proj,
             mlp.down_proj,
         )
-        if any(type(linear) is not Int8Linear for linear in linears):
+        if any(type(linear) not in (Int8Linear, Q4Linear) for linear in linears):
             return False
         if attention.q_norm is not None or layer.input_layernorm.weight.dtype != torch.float32:
             return False
     return True
 
 
-def _int8(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A projection's int8 matrix, row scales and bias, as the native ops take them."""
+def _weights(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A projection's matrix, its scales and its bias, as the native ops take them: int8 and
+    float32 row scales, or q4's packed blocks and float16 block scales."""
+    if isinstance(linear, Q4Linear):
+        return linear.packed, linear.scales, linear.bias
     assert isinstance(linear, Int8Linear)
     return linear.qweight, linear.scale, linear.bias
 
@@ -65,7 +69,7 @@ def native_layer_qkv(
         hidden.contiguous(),
         norm.weight,
         norm.eps,
-        *_int8(attention.qkv_proj),
+        *_weights(attention.qkv_proj),
         positions,
         cos_sin,
         attention.num_heads,
@@ -83,11 +87,11 @@ def native_layer_output(
     out: torch.Tensor = torch.ops.metrale.int8_output_step(
         hidden.contiguous(),
         attended,
-        *_int8(attention.o_proj),
+        *_weights(attention.o_proj),
         norm.weight,
         norm.eps,
-        *_int8(mlp.gate_up_proj),
-        *_int8(mlp.down_proj),
+        *_weights(mlp.gate_up_proj),
+        *_weights(mlp.down_proj),
     )
     return out
 
@@ -109,7 +113,7 @@ def native_decode_layer(
         cos_sin,
         layer.input_layernorm.weight,
         layer.input_layernorm.eps,
-        *_int8(attention.qkv_proj),
+        *_weights(attention.qkv_proj),
         attention.num_heads,
         attention.num_kv_heads,
         attention.head_dim,
@@ -120,10 +124,10 @@ def native_decode_layer(
         metadata.seq_lens_tensor,
         attention.sliding_window or 0,
         attention.scale,
-        *_int8(attention.o_proj),
+        *_weights(attention.o_proj),
         layer.post_attention_layernorm.weight,
-        *_int8(mlp.gate_up_proj),
-        *_int8(mlp.down_proj),
+        *_weights(mlp.gate_up_proj),
+        *_weights(mlp.down_proj),
     )
     return out
 

@@ -6,8 +6,10 @@ layers, the final norm and the LM head. A head tied to the embeddings is counted
 parameter count times the serve dtype's size, except parameters the architecture keeps in
 float32 (counted apart, in ``ParamCounts.*_fp32``). With int8 weights, the embeddings, the head
 and the layers' projections cost a byte per parameter plus a float32 scale per row
-(:func:`~metrale_model_arch.weight_format.int8_matrix_bytes`). Each model type's counter is its
-architecture record's ``param_counts``.
+(:func:`~metrale_model_arch.weight_format.int8_matrix_bytes`). With q4 weights the layers'
+projections cost :func:`~metrale_model_arch.weight_format.q4_matrix_bytes` each instead, the
+embeddings and the head int8 as before. Each model type's counter is its architecture record's
+``param_counts``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from metrale_model_arch.owners import (
     weight_owner,
 )
 from metrale_model_arch.registry import param_counts, planned_architecture
-from metrale_model_arch.weight_format import FLOAT32_BYTES, Quantization, int8_matrix_bytes
+from metrale_model_arch.weight_format import (
+    FLOAT32_BYTES,
+    Quantization,
+    int8_matrix_bytes,
+    q4_matrix_bytes,
+    q4_shape_error,
+)
 
 __all__ = [
     "EMBEDDINGS",
@@ -38,6 +46,7 @@ __all__ = [
     "WeightBytes",
     "llama_param_counts",
     "param_counts",
+    "q4_support_error",
     "weight_bytes",
     "weight_owner",
 ]
@@ -67,8 +76,8 @@ def weight_bytes(
 ) -> WeightBytes:
     """Bytes of every weight at ``dtype_bytes`` per element (float32 parameters stay 4)."""
     counts = param_counts(config)
-    if quantization == Quantization.INT8:
-        return _int8_weight_bytes(config, counts, dtype_bytes)
+    if quantization in (Quantization.INT8, Quantization.Q4):
+        return _quantized_weight_bytes(config, counts, dtype_bytes, quantization)
     return WeightBytes(
         embeddings=counts.embeddings * dtype_bytes,
         layers=counts.layers * dtype_bytes + counts.layers_fp32 * FLOAT32_BYTES,
@@ -77,21 +86,38 @@ def weight_bytes(
     )
 
 
-def _int8_weight_bytes(config: ModelConfig, counts: ParamCounts, dtype_bytes: int) -> WeightBytes:
+def q4_support_error(config: ModelConfig) -> str | None:
+    """Why ``config``'s model cannot take q4 weights, or None."""
+    if not planned_architecture(config).int8_linears:
+        return f"{config.model_type}: q4 weights are not supported for this model type yet"
+    for rows, cols in param_counts(config).layers_projection_shapes:
+        if (error := q4_shape_error(rows, cols)) is not None:
+            return f"{config.model_type}: {error}"
+    return None
+
+
+def _quantized_weight_bytes(
+    config: ModelConfig, counts: ParamCounts, dtype_bytes: int, quantization: Quantization
+) -> WeightBytes:
     if not planned_architecture(config).int8_linears:
         raise ValueError(
-            f"{config.model_type}: int8 weights are not supported for this model type yet; "
-            "use quantization 'none'"
+            f"{config.model_type}: {quantization} weights are not supported for this model type "
+            "yet; use quantization 'none'"
         )
+    if quantization == Quantization.Q4:
+        if (error := q4_support_error(config)) is not None:
+            raise ValueError(error)
+        projections = sum(
+            q4_matrix_bytes(rows, cols) for rows, cols in counts.layers_projection_shapes
+        )
+    else:
+        projections = counts.layers_int8_weights + counts.layers_int8_rows * FLOAT32_BYTES
     hidden = config.hidden_size
     vocab_rows = counts.embeddings // hidden
     kept = counts.layers - counts.layers_int8_weights
     return WeightBytes(
         embeddings=int8_matrix_bytes(vocab_rows, hidden),
-        layers=kept * dtype_bytes
-        + counts.layers_fp32 * FLOAT32_BYTES
-        + counts.layers_int8_weights
-        + counts.layers_int8_rows * FLOAT32_BYTES,
+        layers=kept * dtype_bytes + counts.layers_fp32 * FLOAT32_BYTES + projections,
         final_norm=counts.final_norm * dtype_bytes,
         lm_head=int8_matrix_bytes(counts.lm_head // hidden, hidden) if counts.lm_head else 0,
     )

@@ -71,4 +71,7 @@ def cpu(fresh: bool) -> None:
         except NativeBuildError as error:
             raise click.ClickException(str(error)) from None
         assert ops is not None
-        click.echo(f"native cpu ops: {ops.int8_path}, {ops.path.name}, {ops.describe()}")
+        click.echo(
+            f"native cpu ops: {ops.int8_path} (q4: {ops.q4_path}), {ops.path.name}, "
+            f"{ops.describe()}"
+        )

@@ -161,8 +161,11 @@ def plan_options(command: F) -> F:
             show_default=True,
             help="Weight format of the projections, embeddings and head. int8: int8 weights "
             "per output row (a quarter of float32's bytes) times activations in two int8 "
-            "digits. auto: int8 on a CPU with AVX2, VNNI, AMX or arm64 for a float32 serve, "
-            "none (the --dtype weights) otherwise.",
+            "digits. q4: the layers' projections in 4-bit blocks of 32 (GGUF's Q4_1, 5 bits a "
+            "weight; a Q4_1 GGUF's blocks kept bit for bit), embeddings and head int8. auto: "
+            "q4 for a Q4_1 GGUF (with the native cpu kernels), int8 for other checkpoints, on "
+            "a CPU with AVX2, VNNI, AMX or arm64 for a float32 serve; none (the --dtype "
+            "weights) otherwise.",
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."

@@ -59,7 +59,9 @@ def run_memory(
     config = read_config(model)
     device = plan_device(engine_args.device, device_memory_gib)
     dtype = resolve_dtype(engine_args.dtype, device)
-    quantization = resolve_quantization(engine_args.quantization, device, dtype, config)
+    quantization = resolve_quantization(
+        engine_args.quantization, device, dtype, config, engine_args.kernel_backend
+    )
     if engine_args.tensor_parallel_size > 1 and engine_args.quantization == "auto":
         quantization = Quantization.NONE  # as the serve resolves it (preflight.plan_inputs)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)

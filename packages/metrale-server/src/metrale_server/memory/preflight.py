@@ -78,7 +78,9 @@ def plan_inputs(
             # apart, so they differ from one rank's; float weights are the same split or not.
             quantization = Quantization.NONE
         else:
-            quantization = resolve_quantization(args.quantization, device, dtype, config)
+            quantization = resolve_quantization(
+                args.quantization, device, dtype, config, args.kernel_backend
+            )
     paged = indexer_paged()
     if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
         pool = config.dsa.index_kpool
@@ -91,7 +93,9 @@ def plan_inputs(
     draft = None
     if speculative is not None and speculative.model is not None:
         quantization_spec = speculative.quantization or args.quantization
-        draft = draft_inputs(speculative.model, quantization_spec, device, dtype)
+        draft = draft_inputs(
+            speculative.model, quantization_spec, device, dtype, args.kernel_backend
+        )
     return PlanInputs(
         device_kind=device.type,
         total_bytes=device_total_bytes(device) if total_bytes is None else total_bytes,
@@ -111,7 +115,11 @@ def plan_inputs(
 
 
 def draft_inputs(
-    model: str, quantization: str, device: torch.device, dtype: torch.dtype
+    model: str,
+    quantization: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    kernel_backend: str = "auto",
 ) -> DraftInputs:
     """The draft model's config and weight format: ``quantization`` as it resolves for the
     draft's own model type (verification keeps the output exact whatever the draft's format).
@@ -121,7 +129,8 @@ def draft_inputs(
     except (ValueError, OSError) as error:
         raise ValueError(f"--speculative-config model {model!r}: {error}") from error
     return DraftInputs(
-        config=config, quantization=resolve_quantization(quantization, device, dtype, config)
+        config=config,
+        quantization=resolve_quantization(quantization, device, dtype, config, kernel_backend),
     )
 
 
@@ -151,6 +160,8 @@ def weight_format(inputs: PlanInputs) -> str:
     activations = {4: "float32", 2: "16-bit"}.get(inputs.dtype_bytes, f"{inputs.dtype_bytes}-byte")
     if inputs.quantization == Quantization.INT8:
         return f"int8 per channel + {activations} norms and activations"
+    if inputs.quantization == Quantization.Q4:
+        return f"q4 blocks + int8 embeddings and head + {activations} norms and activations"
     return activations
 
 
