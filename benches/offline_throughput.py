@@ -15,7 +15,7 @@ longest request is done; only requested tokens count), at batch 16 and 64, the b
 sampling, engine-core update, output processing) and the forward pass. Also printed: the
 machine's sgemm FLOP/s, int8 ``_int_mm`` OP/s and copy bandwidth, the engine's whole-run
 matmul FLOP/s as a fraction of the fastest matmul path of its weight format (sgemm for float32,
-``_int_mm`` for int8), and its batch-1 decode weight bytes/s as a fraction of copy bandwidth.
+``_int_mm`` for int8 and q4), and its batch-1 decode weight bytes/s as a fraction of copy bandwidth.
 """
 
 from __future__ import annotations
@@ -241,7 +241,9 @@ def main() -> None:
         f"{engine.args.max_batch_tokens}, {engine.num_kv_blocks} KV blocks, "
         f"prefix caching {'on' if engine.args.enable_prefix_caching else 'off'}"
     )
-    peak, peak_name = (int8_ops, "_int_mm") if quantization == "int8" else (sgemm, "sgemm")
+    # q4 multiplies int8 activation digits by 4-bit blocks: the int8 products' path too
+    int8_products = quantization in ("int8", "q4")
+    peak, peak_name = (int8_ops, "_int_mm") if int8_products else (sgemm, "sgemm")
     run_engine(llm, requests[:2])  # warm-up
     totals = profile_host_work(llm) if args.profile else None
     steps_before = engine.stats.num_steps
