@@ -1,10 +1,10 @@
 // Decode attention over a paged float32 K/V cache, read in place: the core of
 // metrale::paged_decode and of metrale::int8_decode_layer.
 //
-// One task per row: its query heads score every visible key (a key's slot, all kv heads, read
-// once for all of them), take a softmax in float32 and sum the values (each read once). A
-// row's result depends on its own context alone, never on the other rows of the step, and the
-// order of every sum is fixed by that context.
+// Each query head of a row scores every visible key, takes a softmax in float32 and sums the
+// values. A row's result depends on its own context alone, never on the other rows of the
+// step or on how its heads fall to threads, and the order of every sum is fixed by that
+// context.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -37,49 +37,82 @@ struct DecodeRows {
   int64_t sliding_window;
 };
 
-inline void decode_attention(const float* q_data, int64_t heads, int64_t dim, const PagedCache& cache,
-                             const DecodeRows& decode, float softmax_scale, float* out_data) {
+// A task's buffers, reused from one call of attend_heads to the next.
+struct AttendScratch {
+  std::vector<float> scores, acc, totals;
+  std::vector<int64_t> kv_offset;
+};
+
+// Query heads [h0, h1) of decode row r: each visible key's slot read once for all of them.
+// Each head's arithmetic is its own, whichever heads share the call.
+inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const PagedCache& cache,
+                         const DecodeRows& decode, float softmax_scale, int64_t r, int64_t h0,
+                         int64_t h1, AttendScratch& scratch, float* out_data) {
   const int64_t group = heads / cache.kv_heads, block_size = cache.block_size;
   const int64_t slot_stride = cache.kv_heads * dim;  // floats between consecutive slots
-  // One task per row, every head of it: a key's slot (all kv heads) is read once, in order.
-  at::parallel_for(0, decode.count, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(heads * dim), totals(heads);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t last = decode.seq_lens[r];
-      const int64_t first = decode.first_keys != nullptr ? decode.first_keys[r]
-                            : decode.sliding_window > 0  ? std::max<int64_t>(0, last - decode.sliding_window)
-                                                    : 0;
-      const int64_t row = decode.rows != nullptr ? decode.rows[r] : r;
-      const int64_t* table = decode.tables + (decode.seqs != nullptr ? decode.seqs[r] : r) * decode.table_stride;
-      const int64_t keys = last - first;
-      const float* query = q_data + row * heads * dim;
-      float* result = out_data + row * heads * dim;
-      TORCH_CHECK(keys > 0 && (last - 1) / block_size < decode.table_width,
-                  "decode attention: a row's keys are outside its block table");
-      scores.resize(heads * keys);
-      for (int64_t t = first; t < last; ++t) {
-        const float* key = cache.k + (table[t / block_size] * block_size + t % block_size) * slot_stride;
-        // Query head h reads kv head h / group.
-        for (int64_t h = 0; h < heads; ++h)
-          scores[h * keys + (t - first)] = dot(query + h * dim, key + (h / group) * dim, dim) * softmax_scale;
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* row_scores = scores.data() + h * keys;
-        shifted_exp(row_scores, keys, *std::max_element(row_scores, row_scores + keys));
-        float total = 0.f;
-        for (int64_t i = 0; i < keys; ++i) total += row_scores[i];
-        totals[h] = total;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = first; t < last; ++t) {
-        const float* value = cache.v + (table[t / block_size] * block_size + t % block_size) * slot_stride;
-        for (int64_t h = 0; h < heads; ++h)
-          axpy(scores[h * keys + (t - first)], value + (h / group) * dim, acc.data() + h * dim, dim);
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        const float inverse = 1.f / totals[h];
-        for (int64_t d = 0; d < dim; ++d) result[h * dim + d] = acc[h * dim + d] * inverse;
-      }
+  const int64_t last = decode.seq_lens[r];
+  const int64_t first = decode.first_keys != nullptr ? decode.first_keys[r]
+                        : decode.sliding_window > 0  ? std::max<int64_t>(0, last - decode.sliding_window)
+                                                : 0;
+  const int64_t row = decode.rows != nullptr ? decode.rows[r] : r;
+  const int64_t* table = decode.tables + (decode.seqs != nullptr ? decode.seqs[r] : r) * decode.table_stride;
+  const int64_t keys = last - first, count = h1 - h0;
+  TORCH_CHECK(keys > 0 && (last - 1) / block_size < decode.table_width,
+              "decode attention: a row's keys are outside its block table");
+  const float* query = q_data + row * heads * dim;
+  std::vector<float>& scores = scratch.scores;
+  std::vector<float>& acc = scratch.acc;
+  std::vector<float>& totals = scratch.totals;
+  std::vector<int64_t>& kv_offset = scratch.kv_offset;  // query head h reads kv head h / group
+  scores.resize(count * keys);
+  acc.assign(count * dim, 0.f);
+  totals.resize(count);
+  kv_offset.resize(count);
+  for (int64_t h = h0; h < h1; ++h) kv_offset[h - h0] = (h / group) * dim;
+  // Visits key t's slot (first <= t < last) in order, without a division per key.
+  const auto for_each_slot = [&](auto&& visit) {
+    for (int64_t t = first; t < last;) {
+      const int64_t offset = t % block_size, run = std::min(block_size - offset, last - t);
+      const int64_t base = table[t / block_size] * block_size + offset;
+      for (int64_t i = 0; i < run; ++i) visit(t - first + i, (base + i) * slot_stride);
+      t += run;
+    }
+  };
+  for_each_slot([&](int64_t i, int64_t slot) {
+    for (int64_t j = 0; j < count; ++j)
+      scores[j * keys + i] = dot(query + (h0 + j) * dim, cache.k + slot + kv_offset[j], dim) * softmax_scale;
+  });
+  for (int64_t j = 0; j < count; ++j) {
+    float* head_scores = scores.data() + j * keys;
+    shifted_exp(head_scores, keys, *std::max_element(head_scores, head_scores + keys));
+    float total = 0.f;
+    for (int64_t k = 0; k < keys; ++k) total += head_scores[k];
+    totals[j] = total;
+  }
+  for_each_slot([&](int64_t i, int64_t slot) {
+    for (int64_t j = 0; j < count; ++j)
+      axpy(scores[j * keys + i], cache.v + slot + kv_offset[j], acc.data() + j * dim, dim);
+  });
+  float* result = out_data + row * heads * dim;
+  for (int64_t j = 0; j < count; ++j) {
+    const float inverse = 1.f / totals[j];
+    for (int64_t d = 0; d < dim; ++d) result[(h0 + j) * dim + d] = acc[j * dim + d] * inverse;
+  }
+}
+
+inline void decode_attention(const float* q_data, int64_t heads, int64_t dim, const PagedCache& cache,
+                             const DecodeRows& decode, float softmax_scale, float* out_data) {
+  // A task per row, its heads together, when there are rows enough for every thread; else a
+  // task per (row, head), so one sequence's heads spread over the threads. Either way each
+  // head's result is the same.
+  const bool per_head = decode.count < at::get_num_threads();
+  const int64_t per_task = per_head ? 1 : heads;
+  at::parallel_for(0, decode.count * heads / per_task, 1, [&](int64_t begin, int64_t end) {
+    AttendScratch scratch;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task * per_task / heads, h0 = task * per_task % heads;
+      attend_heads(q_data, heads, dim, cache, decode, softmax_scale, r, h0, h0 + per_task, scratch,
+                   out_data);
     }
   });
 }
