@@ -39,6 +39,7 @@ constexpr int64_t kBlock = 32;       // input features per (d, m)
 constexpr int64_t kBlockBytes = 256;  // a panel's block: 16 rows x 32 nibbles
 constexpr int64_t kScaleHalves = 2 * kPanel;  // a panel's block: 16 d, then 16 m
 constexpr int64_t kRowGrain = 16;
+constexpr int64_t kChunkDigitBytes = 192 * 1024;  // activation digits a pass over panels reads
 
 // The activations as the kernels read them: row r's digits at first/second + r * k, its
 // per-block sums S1 + S2 / 254 at block_sums + r * blocks, its scale at scale[r].
@@ -267,14 +268,22 @@ at::Tensor metrale_native::q4_linear(const at::Tensor& x, const at::Tensor& pack
   float* y = out.data_ptr<float>();
   // A grain of ~64 KiB of weight per task, as int8_mm's.
   const int64_t grain = std::max<int64_t>(1, (64 * 1024) / (blocks * kBlockBytes));
+  // Each task's panels pass over the rows a chunk at a time, a chunk's digits small enough to
+  // stay in L2 meanwhile (a prefill's whole activation matrix is megabytes: read again for
+  // every panel it ran at half speed). Decode's few rows are one chunk: the weight streams once.
+  const int64_t chunk =
+      std::max<int64_t>(1, kChunkDigitBytes / (2 * k) / kMaxTile) * kMaxTile;
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const uint8_t* wp = w + p * blocks * kBlockBytes;
-      const c10::Half* sp = sc + p * blocks * kScaleHalves;
-      const float* bp = b != nullptr ? b + p * kPanel : nullptr;
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxTile) {
-        const int64_t tile = std::min<int64_t>(kMaxTile, rows - r0);
-        kTiles[tile - 1](wp, sp, a, r0, y + p * kPanel, n_total, bp);
+    for (int64_t c0 = 0; c0 < rows; c0 += chunk) {
+      const int64_t c1 = std::min(rows, c0 + chunk);
+      for (int64_t p = begin; p < end; ++p) {
+        const uint8_t* wp = w + p * blocks * kBlockBytes;
+        const c10::Half* sp = sc + p * blocks * kScaleHalves;
+        const float* bp = b != nullptr ? b + p * kPanel : nullptr;
+        for (int64_t r0 = c0; r0 < c1; r0 += kMaxTile) {
+          const int64_t tile = std::min<int64_t>(kMaxTile, c1 - r0);
+          kTiles[tile - 1](wp, sp, a, r0, y + p * kPanel, n_total, bp);
+        }
       }
     }
   });
