@@ -11,7 +11,9 @@
   rows, and caches or activations other than float32, take the reference path.
 
 The native ops are built on first use (:mod:`metrale_kernels.native`), which takes seconds
-cold: until :meth:`CpuBackend.prepare` has run, every op is the reference's.
+cold: until :meth:`CpuBackend.prepare` has run, every op is the reference's. Creating the
+backend also sets the process's malloc to keep a step's freed activations mapped for the next
+step (:mod:`metrale_kernels.host_allocator`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from metrale_kernels import int8_matmul
 from metrale_kernels import paged_attention as reference_attention
 from metrale_kernels.attention_metadata import AttentionMetadata
 from metrale_kernels.backend import TorchBackend
+from metrale_kernels.host_allocator import retain_step_memory
 from metrale_kernels.native import NativeBuildError, NativeOps, load_native_ops
 
 logger = logging.getLogger("metrale.kernels")
@@ -81,6 +84,7 @@ class CpuBackend(TorchBackend):
     def __init__(self) -> None:
         self.native: NativeOps | None = None
         self.native_error: str | None = None
+        self.retains_step_memory = retain_step_memory()
         self.prepare(build=False)
 
     def prepare(self, *, build: bool = True) -> None:
