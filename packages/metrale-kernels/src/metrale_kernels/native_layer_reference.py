@@ -136,4 +136,6 @@ def _check_layer(
     )
     assert torch.equal(fused_k, k_cache)
     assert torch.equal(fused_v, v_cache)
-    torch.testing.assert_close(fused, segments, rtol=1e-4, atol=1e-4)
+    # The attention rows differ by float32 rounding (another summation order), which can flip
+    # an int8 digit of the output segment's activations: the bound of the segments above.
+    torch.testing.assert_close(fused, segments, rtol=1e-3, atol=1e-3)
