@@ -13,6 +13,10 @@ Then, from the repository root:
         [--model GGUF] [--threads 2] [--quick] [--met-arg=--quantization --met-arg=none] \\
         [--llama-arg=-fa --llama-arg=on] [--skip-llama] [--json figures.json]
 
+On a CPU with AMX, a ``GGML_NATIVE`` build of llama.cpp may die from SIGSEGV in its AMX
+matmuls inside a VM that does not grant AMX tile state; the script then measures it again with
+``--no-repack`` (its fastest path that runs there) and says so.
+
 The model defaults to the bundled SmolLM2-135M-Instruct Q4_1 GGUF (``met serve``'s default).
 Each server in turn (llama.cpp first, then met; each is stopped with SIGTERM before the next
 starts, so they never share the CPU) runs on a free 127.0.0.1 port with ``--threads`` threads
@@ -69,6 +73,8 @@ LLAMA_SLOT_TOKENS = 512
 READY_TIMEOUT_S = 600.0
 COMPILE_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 600.0
+# llama-server's flag that keeps weights in the GGUF's layout (no AMX / repacked buffers).
+NO_REPACK = "--no-repack"
 NORMAL_TOKEN_TYPE = 1  # tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, ...
 BUSY_SAMPLE_S = 2.0
 BUSY_WARN_CORES = 0.25
@@ -451,17 +457,38 @@ def write_json(
     say(f"figures: {path}")
 
 
+def measure_llama(
+    args: argparse.Namespace, gguf: Path, env: Mapping[str, str], plan: Plan
+) -> Figures:
+    """llama.cpp's readings. A build with GGML_NATIVE on an AMX CPU may die from a signal in
+    its repacked (AMX) matmuls where the kernel does not grant the process AMX tile state (seen
+    in a VM: SIGSEGV at ``ldtilecfg``); it is then measured once more with ``--no-repack``, its
+    fastest path that runs there, and the table says so through the command in the JSON."""
+
+    def measure(extra: Sequence[str]) -> Figures:
+        return measure_server(
+            "llama.cpp",
+            lambda port: llama_command(args.llama_server, gguf, port, args.threads, extra),
+            env,
+            plan,
+        )
+
+    try:
+        return measure(args.llama_arg)
+    except ServerStartError as error:
+        crashed = error.returncode is not None and error.returncode < 0
+        if not crashed or NO_REPACK in args.llama_arg:
+            raise
+        say(f"  llama.cpp died from signal {-error.returncode}: measuring it with {NO_REPACK}")
+        return measure([*args.llama_arg, NO_REPACK])
+
+
 def run_both(args: argparse.Namespace, gguf: Path, plan: Plan) -> tuple[Figures | None, Figures]:
     """llama.cpp (unless skipped), then met, each alone on the CPU."""
     env = threads_env(args.threads)
     llama = None
     if not args.skip_llama:
-        llama = measure_server(
-            "llama.cpp",
-            lambda port: llama_command(args.llama_server, gguf, port, args.threads, args.llama_arg),
-            env,
-            plan,
-        )
+        llama = measure_llama(args, gguf, env, plan)
     met = measure_server(
         "met", lambda port: met_command(gguf, port, args.threads, args.met_arg), env, plan
     )

@@ -29,7 +29,13 @@ LOG_TAIL_CHARS = 4000
 
 
 class ServerStartError(RuntimeError):
-    """The child exited or never became ready; the message ends with its log's tail."""
+    """The child exited or never became ready; the message ends with its log's tail.
+    ``returncode`` is the child's exit status (negative: the signal that ended it), ``None``
+    when it was still running."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -129,7 +135,8 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(
-                    f"the server exited with {self.process.returncode}:\n{self.log_tail()}"
+                    f"the server exited with {self.process.returncode}:\n{self.log_tail()}",
+                    self.process.returncode,
                 )
             status = self.health()
             self.health_statuses.append(status)
