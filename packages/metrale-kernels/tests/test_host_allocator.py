@@ -51,8 +51,9 @@ def test_freed_step_memory_is_reused_without_page_faults() -> None:
     applied, faults = _run(_environment())
     assert applied
     # Five steps of 80 MiB are 102,400 pages: glibc's defaults fault in ~78,000 of them again
-    # (the heap's top trimmed after every step); kept mapped, only stray pages fault.
-    assert faults < 102_400 // 20
+    # (the heap's top trimmed after every step); kept mapped, 1,000-6,000 (a block placed
+    # anew now and then).
+    assert faults < 102_400 // 4
 
 
 def test_the_users_malloc_settings_are_kept() -> None:
