@@ -22,7 +22,7 @@ from metrale_kernels import (
 from metrale_kernels.cpu_backend import CpuBackend
 from metrale_kernels.int8_matmul import two_digit_rows
 from metrale_kernels.native import NativeBuildError, load_native_ops
-from metrale_kernels.q4_matmul import block_scales, q4_logical_shape, unpack_q4
+from metrale_kernels.q4_matmul import block_scales, pack_ggml_q4_1, q4_logical_shape, unpack_q4
 
 HALF_ULP16 = 2.0**-11  # float16 rounding, relative (normal numbers)
 TINY16 = 2.0**-25  # float16 rounding, absolute (subnormals)
@@ -74,6 +74,31 @@ def random_weight(rows: int, cols: int, generator: torch.Generator) -> torch.Ten
 
 
 # -- the format ---------------------------------------------------------------------------------
+
+
+def test_a_ggufs_q4_1_blocks_move_into_the_layout_byte_for_byte() -> None:
+    generator = torch.Generator().manual_seed(3)
+    rows, cols = 48, 96
+    q, d, m = gguf_blocks(rows, cols, generator)
+    blocks = q.reshape(rows, cols // 32, 32)
+    nibbles = blocks[..., :16] | (blocks[..., 16:] << 4)  # ggml: byte j holds j and j + 16
+    packed, scales = pack_ggml_q4_1(nibbles, d, m)
+    assert torch.equal(packed, pack_by_docstring(q))
+    assert torch.equal(scales, scales_by_docstring(d, m))
+    # The same bytes quantize_q4 finds from the blocks' values (each has its 0 and its 15).
+    values = (blocks.to(torch.float32) * d.float()[..., None] + m.float()[..., None]).reshape(
+        rows, cols
+    )
+    assert all(map(torch.equal, quantize_q4(values), (packed, scales)))
+
+
+def test_q4_1_blocks_the_panels_cannot_tile_are_refused() -> None:
+    nibbles = torch.zeros(24, 2, 16, dtype=torch.uint8)
+    d = m = torch.zeros(24, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        pack_ggml_q4_1(nibbles, d, m)
+    with pytest.raises(ValueError, match="one d and one m per block"):
+        pack_ggml_q4_1(nibbles[:16], d, m)
 
 
 def test_quantize_q4_is_within_half_a_step_of_each_block() -> None:

@@ -177,7 +177,8 @@ def test_other_model_types_have_no_q4_path(tiny_config: ModelConfig) -> None:
 
 @pytest.mark.slow
 def test_the_default_models_q4_1_blocks_are_kept_bit_for_bit() -> None:
-    """The bundled GGUF's projections are Q4_1: as q4 they are its dequantized values exactly."""
+    """The bundled GGUF's projections are Q4_1: as q4 they are its dequantized values exactly
+    (loaded as blocks, never dequantized: ``Q4_1Blocks``)."""
     source = resolve_model(None)
     assert source.kind == "gguf"
     _, weights = read_gguf_weights(source.path)
@@ -197,3 +198,7 @@ def test_the_default_models_q4_1_blocks_are_kept_bit_for_bit() -> None:
             assert isinstance(linear, Q4Linear)
             expected = torch.cat([checkpoint[f"{prefix}.{part}.weight"] for part in parts])
             assert torch.equal(dequantize_q4(linear.packed, linear.scales), expected), parts
+            # The file's blocks moved in, byte for byte what quantizing their values gives.
+            packed, scales = quantize_q4(expected)
+            assert torch.equal(linear.packed, packed), parts
+            assert torch.equal(linear.scales, scales), parts

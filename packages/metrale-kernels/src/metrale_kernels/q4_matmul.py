@@ -73,6 +73,32 @@ def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _pack(q, rows, cols), _panel_scales(step, minimum, rows, cols)
 
 
+def pack_ggml_q4_1(
+    nibbles: torch.Tensor, step: torch.Tensor, minimum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF's Q4_1 blocks in the kernel's layout, moved byte for byte (no arithmetic): the
+    ``(packed, scales)`` that :func:`quantize_q4` gives for their dequantized values.
+
+    ``nibbles`` uint8 ``(out, in / 32, 16)``: ggml's block, byte ``j`` holding value ``j`` in its
+    low nibble and value ``j + 16`` in its high one; ``step`` and ``minimum`` float16
+    ``(out, in / 32)``, the blocks' ``d`` and ``m``. Byte ``4g + e`` of ggml's block of panel row
+    ``r`` is byte ``64g + 4r + e`` of the kernel's (low nibble: quad ``g``, high: quad ``g + 4``).
+    """
+    rows, blocks, width = nibbles.shape
+    _check_shape(rows, blocks * Q4_BLOCK)
+    if width != Q4_BLOCK // 2 or nibbles.dtype != torch.uint8:
+        raise ValueError(f"Q4_1 nibbles: uint8 (rows, blocks, 16), got {tuple(nibbles.shape)}")
+    if step.shape != (rows, blocks) or minimum.shape != (rows, blocks):
+        raise ValueError("Q4_1 scales: one d and one m per block")
+    # (panels, panel row, blocks, group, feature) -> (panels, blocks, group, panel row, feature)
+    panel_bytes = nibbles.reshape(rows // Q4_PANEL, Q4_PANEL, blocks, _GROUPS, 4)
+    packed = panel_bytes.permute(0, 2, 3, 1, 4).reshape(rows // Q4_PANEL, blocks, -1)
+    scales = _panel_scales(
+        step.to(torch.float16), minimum.to(torch.float16), rows, blocks * Q4_BLOCK
+    )
+    return packed.contiguous(), scales
+
+
 def _pack(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     # q (rows, blocks, 32) -> (panels, blocks, quads, panel row, 4 features)
     quads = q.reshape(rows // Q4_PANEL, Q4_PANEL, cols // Q4_BLOCK, _QUADS, 4).permute(

@@ -18,6 +18,7 @@ from metrale_model_arch.families.native_steps import use_native_steps
 from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
 from metrale_model_arch.parallel import (
     TensorShard,
@@ -99,7 +100,7 @@ class _Coverage:
 
 def build_model(
     config: ModelConfig,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]],
     *,
     dtype: torch.dtype,
     device: torch.device | str,
@@ -115,9 +116,10 @@ def build_model(
 
     Each checkpoint tensor goes where the architecture's checkpoint mapping (or ``mapping``)
     says: into ``param[index]``, converted to ``dtype`` (float32 for ``keep_float32``) on
-    ``device``. Unmapped tensors, parameters (or parts of stacked ones) never written,
-    tensors written twice and misshapen tensors raise :class:`CheckpointError` naming them. With
-    ``tie_word_embeddings`` the head shares ``model.embed_tokens.weight`` and a
+    ``device``; a GGUF's Q4_1 blocks (``Q4_1Blocks``) go into a q4 projection as they are,
+    anywhere else dequantized. Unmapped tensors, parameters (or parts of stacked ones) never
+    written, tensors written twice and misshapen tensors raise :class:`CheckpointError` naming
+    them. With ``tie_word_embeddings`` the head shares ``model.embed_tokens.weight`` and a
     ``lm_head.weight`` in ``weights`` is ignored. Each parameter's storage, and the derived
     tables (RoPE), come from ``allocator`` under their owner (``owners.weight_owner``). On the
     CPU, projection weights are stored column-major (see :func:`column_major_names`).
@@ -144,7 +146,9 @@ def build_model(
         assert shard is not None
         check_runs_split(config, shard.world_size)
         if not is_sharded:
-            weights = shard_checkpoint(weights, config, shard)
+            weights = shard_checkpoint(
+                ((name, dense(tensor)) for name, tensor in weights), config, shard
+            )
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(
@@ -207,8 +211,12 @@ def build_model(
             if target.param not in allocated:
                 rows.allocate(allocator, weight_owner(target.param), device)
                 allocated.add(target.param)
-            rows.write_rows(target.index, tensor)
+            if isinstance(rows, Q4Linear):
+                rows.write_rows(target.index, tensor)
+            else:
+                rows.write_rows(target.index, dense(tensor))
             continue
+        tensor = dense(tensor)
         data = loaded.get(target.param)
         if data is None:
             data = _allocate(
@@ -264,7 +272,9 @@ def column_major_names(model: nn.Module) -> set[str]:
     }
 
 
-def _check_shape(name: str, tensor: torch.Tensor, target: TensorTarget, shape: torch.Size) -> None:
+def _check_shape(
+    name: str, tensor: torch.Tensor | Q4_1Blocks, target: TensorTarget, shape: torch.Size
+) -> None:
     if len(target.index) > len(shape):
         raise CheckpointError(
             f"tensor {name!r} maps to {_describe(target)}, but {target.param!r} has only "

@@ -14,6 +14,7 @@ from torch import nn
 from metrale_kernels import KernelBackend, q4_shape_error, quantize_q4
 from metrale_kernels.q4_matmul import Q4_BLOCK, Q4_PANEL
 from metrale_model_arch.allocator import TensorAllocator
+from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
 
 _BLOCK_BYTES = Q4_BLOCK * Q4_PANEL // 2
 
@@ -53,8 +54,9 @@ class Q4Linear(nn.Module):
         self.packed = allocator(owner, self._packed_shape, torch.uint8, device)
         self.scales = allocator(owner, self._scales_shape, torch.float16, device)
 
-    def write_rows(self, index: tuple[int | slice, ...], values: torch.Tensor) -> None:
-        """Quantize ``values`` into rows ``index`` (``()``: all) of the matrix."""
+    def write_rows(self, index: tuple[int | slice, ...], values: torch.Tensor | Q4_1Blocks) -> None:
+        """Quantize ``values`` into rows ``index`` (``()``: all) of the matrix; a GGUF's Q4_1
+        blocks are moved in as they are (the same bytes quantizing their values gives)."""
         rows, cols = self.logical_shape
         if len(index) > 1 or (index and not isinstance(index[0], slice)):
             raise ValueError(f"a q4 matrix is filled by slices of whole rows, got index {index}")
@@ -65,7 +67,10 @@ class Q4Linear(nn.Module):
             raise ValueError(
                 f"a q4 matrix is filled by panels of {Q4_PANEL} rows, got rows {start}:{stop}"
             )
-        packed, scales = quantize_q4(values.reshape(stop - start, cols))
+        if isinstance(values, Q4_1Blocks):
+            packed, scales = values.q4_panels()
+        else:
+            packed, scales = quantize_q4(values.reshape(stop - start, cols))
         panels = slice(start // Q4_PANEL, stop // Q4_PANEL)
         self.packed[panels] = packed
         self.scales[panels] = scales

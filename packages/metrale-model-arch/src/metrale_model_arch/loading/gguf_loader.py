@@ -23,6 +23,7 @@ from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_dequant import dequantize
 from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
 from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.parallel.shard import TensorShard
 from metrale_model_arch.registry import planned_architecture
 from metrale_model_arch.weight_format import Quantization
@@ -65,8 +66,22 @@ def iter_gguf_weights(
     unsupported types and tensors past the end of the file raise :class:`CheckpointError`
     before anything is yielded.
     """
+    tensors = iter_gguf_checkpoint(header, config, on_tensor, q4_1_blocks=False)
+    return ((name, dense(tensor)) for name, tensor in tensors)
+
+
+def iter_gguf_checkpoint(
+    header: GgufHeader,
+    config: ModelConfig,
+    on_tensor: Callable[[int], None] = lambda n: None,
+    *,
+    q4_1_blocks: bool,
+) -> Iterator[tuple[str, torch.Tensor | Q4_1Blocks]]:
+    """:func:`iter_gguf_weights`, but with ``q4_1_blocks`` a Q4_1 matrix comes as its blocks
+    (:class:`~metrale_model_arch.loading.q4_1_blocks.Q4_1Blocks`, rows in the same order),
+    for :func:`~metrale_model_arch.build.build_model` to keep as they are in a q4 model."""
     plan = _plan(header, config)
-    return _dequantized(header.path, plan, on_tensor)
+    return _read_tensors(header.path, plan, on_tensor, q4_1_blocks)
 
 
 def load_gguf_model(
@@ -92,7 +107,9 @@ def load_gguf_model(
     ) as advance:
         return build_model(
             config,
-            iter_gguf_weights(header, config, advance),
+            iter_gguf_checkpoint(
+                header, config, advance, q4_1_blocks=quantization == Quantization.Q4
+            ),
             dtype=dtype,
             device=device,
             max_seq_len=max_seq_len,
@@ -157,19 +174,21 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
     return plan
 
 
-def _dequantized(
-    path: str, plan: list[_PlannedTensor], on_tensor: Callable[[int], None]
-) -> Iterator[tuple[str, torch.Tensor]]:
+def _read_tensors(
+    path: str, plan: list[_PlannedTensor], on_tensor: Callable[[int], None], q4_1_blocks: bool
+) -> Iterator[tuple[str, torch.Tensor | Q4_1Blocks]]:
     try:
         file_data = np.memmap(path, dtype=np.uint8, mode="r")
     except OSError as exc:
         raise CheckpointError(f"GGUF file at {path}: cannot be read ({exc})") from exc
     for tensor in plan:
-        yield tensor.hf_name, _read_tensor(path, file_data, tensor)
+        yield tensor.hf_name, _read_tensor(path, file_data, tensor, q4_1_blocks)
         on_tensor(1)
 
 
-def _read_tensor(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> torch.Tensor:
+def _read_tensor(
+    path: str, file_data: np.ndarray, tensor: _PlannedTensor, q4_1_blocks: bool
+) -> torch.Tensor | Q4_1Blocks:
     info = tensor.info
     block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.ggml_type]
     row_length = info.shape[-1]
@@ -180,6 +199,10 @@ def _read_tensor(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> to
         )
     raw = file_data[info.data_offset : info.data_offset + info.num_bytes]
     blocks = raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
+    if q4_1_blocks and tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2:
+        if tensor.num_permuted_heads is not None:
+            blocks = unpermute_rotary_rows(blocks, tensor.num_permuted_heads)
+        return Q4_1Blocks(np.asarray(blocks))
     values = dequantize(np.asarray(blocks), tensor.ggml_type)
     if tensor.num_permuted_heads is not None:
         values = unpermute_rotary_rows(values, tensor.num_permuted_heads)
