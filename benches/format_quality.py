@@ -249,6 +249,12 @@ def run_llama_perplexity(
 ) -> LlamaCppPerplexity:
     command = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(ctx), "-t", str(threads)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if result.returncode < 0:
+        # A GGML_NATIVE build's AMX path can die from a signal in a VM that does not grant AMX
+        # tile state: its weights kept in the GGUF's layout run everywhere.
+        print(f"llama-perplexity died from signal {-result.returncode}: again with --no-repack")
+        command.append("--no-repack")
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     log = result.stdout + result.stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+)(?: \+/- ([0-9.]+))?", log)
     if result.returncode != 0 or final is None:
