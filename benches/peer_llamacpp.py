@@ -463,7 +463,7 @@ def measure_llama(
     """llama.cpp's readings. A build with GGML_NATIVE on an AMX CPU may die from a signal in
     its repacked (AMX) matmuls where the kernel does not grant the process AMX tile state (seen
     in a VM: SIGSEGV at ``ldtilecfg``); it is then measured once more with ``--no-repack``, its
-    fastest path that runs there, and the table says so through the command in the JSON."""
+    fastest path that runs there, said on stderr (and in the JSON's command)."""
 
     def measure(extra: Sequence[str]) -> Figures:
         return measure_server(

@@ -5,7 +5,7 @@ threshold (128 KiB, rising to the largest block freed, at most 32 MiB) with a fr
 and returns it at ``free``, and trims the heap's top past 128 KiB: every step then faults in
 its activations page by page again. A 2048-token prefill step allocates ~10 such buffers of
 up to 25 MiB per layer; their page faults cost a fifth of the step (the default model's
-output segment: 60 -> 49 ms). With blocks up to 32 MiB kept in the heap and up to 256 MiB of
+output segment: 60-65 -> 49 ms). With blocks up to 32 MiB kept in the heap and up to 256 MiB of
 free top kept per arena, the next step's buffers are pages already mapped.
 
 What stays mapped is what a step used at its widest, which the memory plan prices as the
