@@ -16,7 +16,6 @@ sets ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` keeps their own se
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -33,7 +32,8 @@ _applied: bool | None = None
 
 def retain_step_memory() -> bool:
     """Set glibc's mmap and trim thresholds (once per process); whether they are in force.
-    False off glibc, or where the user set either threshold in the environment."""
+    False where the C library has no ``mallopt`` or refuses them (musl's is a stub), or where
+    the user set either threshold in the environment."""
     global _applied
     if _applied is None:
         _applied = _apply()
@@ -44,12 +44,9 @@ def _apply() -> bool:
     if any(name in os.environ for name in _USER_SETTINGS):
         logger.debug("malloc thresholds: the environment's (%s)", ", ".join(_USER_SETTINGS))
         return False
-    if ctypes.util.find_library("c") is None:
-        return False
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on
+    except (OSError, AttributeError):  # none with mallopt
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
