@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from bench_host import cpu_line
 
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 
@@ -184,6 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     require_gpu()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(cpu_line())
     ok = check_kernels()
     ok &= check_invariance_kernel()
     decode_bandwidth(copy_bandwidth(), args.quick)

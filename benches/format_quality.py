@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_host import cpu_line, host_fields
 
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, allocate_kv_cache
@@ -325,6 +326,7 @@ def main() -> None:
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
+    print(cpu_line())
     formats = parse_formats(args.formats)
     text = args.text.read_text(encoding="utf-8")
 
@@ -382,6 +384,7 @@ def main() -> None:
     if args.json is not None:
         figures = {
             "model": str(gguf),
+            "host": host_fields(),
             "text": str(args.text),
             "num_tokens": num_tokens,
             "ctx": args.ctx,

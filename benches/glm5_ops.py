@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_host import cpu_line
 
 from metrale_kernels import (
     index_scores,
@@ -217,6 +218,7 @@ def main() -> None:
     if not 0 < args.prefill_queries <= args.context:
         parser.error("--prefill-queries must be in 1..--context")
     torch.set_num_threads(args.threads)
+    print(cpu_line())
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(args.seed)
     print(

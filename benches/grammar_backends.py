@@ -36,6 +36,7 @@ from typing import Any
 
 import llguidance
 import torch
+from bench_host import cpu_line
 from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
 from metrale_config import read_gguf_header
@@ -432,6 +433,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=48, help="decode steps of the 16-row batch")
     args = parser.parse_args()
+    print(cpu_line())
     tokenizer = Tokenizer.from_gguf_fields(read_gguf_header(resolve_model(None).path).fields)
     vocab_size = tokenizer.vocab_size
     print(

@@ -1,14 +1,22 @@
 """Output tokens/s over HTTP (``met serve`` + ``openai`` streaming) ÷ the offline engine's.
 
     python benches/http_throughput.py [--quick] [--num-requests 64] [--max-batch-size 64]
+        [--quantization auto|none|int8|q4]
 
 The workload: ``--num-requests`` streaming completions sent at once to a ``met serve`` child
-process on the bundled default model (float32, CPU), prompts of random token ids and output
-lengths drawn from seeded ranges, ``ignore_eos`` (through ``extra_body``) so every request
-makes exactly its tokens, temperature 0. Then the same prompts and sampling parameters go
-through ``metrale_server.LLM`` in this process with the same engine settings. Throughput =
-requested output tokens / wall time (first request sent to last stream closed), the best of
-``--repeats`` interleaved runs of each. Prints both and the ratio HTTP ÷ offline (goal >= 0.9).
+process on the bundled default model (a Q4_1 GGUF), CPU, float32 activations, weights in
+``--quantization`` (default ``auto``, what ``met serve`` does with no flag: the GGUF's Q4_1
+blocks stay q4 where the native cpu kernels run them, else float32, the blocks dequantized),
+prompts of random token ids and output lengths drawn from seeded ranges, ``ignore_eos``
+(through ``extra_body``) so every request makes exactly its tokens, temperature 0. Then the
+same prompts and sampling parameters go through ``metrale_server.LLM`` in this process with
+the same engine settings. Both sides are timed once their layer steps are ready (the server's
+``/v1/server`` no longer says ``compiling``; the offline engine's compile waited for). Printed
+first: the CPU, then each side's weight format, dtype, layer steps and kernels (the server's
+as ``/v1/server`` reports them), and whether they match. Throughput = requested output
+tokens / wall time (first request sent to last stream closed), the best of ``--repeats``
+interleaved runs of each, each after a 2-token warm-up request. Prints both and the ratio
+HTTP ÷ offline (goal >= 0.9).
 Then one stream alone: its time per output token over HTTP (first to last streamed token)
 against the offline engine's batch-1 decode step on the same request (goal: within 15%).
 The client runs on the same machine as the server, so on a small box it takes CPU time the
@@ -22,10 +30,13 @@ import asyncio
 import random
 import time
 
+import httpx
 import openai
+from bench_host import cpu_line
 
 from metrale_bench.server_process import ServerProcess
 from metrale_server import LLM, SamplingParams
+from metrale_server.engine.layer_compiler import LayerCompiler
 
 Workload = list[tuple[list[int], int]]
 
@@ -115,6 +126,38 @@ def run_offline(llm: LLM, workload: Workload) -> float:
     return elapsed
 
 
+def wait_for_server_steps(base_url: str, timeout_s: float = 300.0) -> dict[str, object]:
+    """``/v1/server`` once it no longer says its layer steps are ``compiling`` (they compile
+    in the background after ready)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info: dict[str, object] = httpx.get(f"{base_url}/v1/server", timeout=5).json()
+        if info.get("layer_steps") != "compiling" or time.monotonic() > deadline:
+            return info
+        time.sleep(0.5)
+
+
+def offline_info(llm: LLM) -> dict[str, object]:
+    """The offline engine's fields named as ``/v1/server`` names them."""
+    loaded = llm.engine.loaded
+    compiler = llm.engine.core.compiler
+    if compiler is not None:
+        compiler.wait()
+    return {
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "quantization": str(loaded.quantization),
+        "layer_steps": LayerCompiler.state(compiler, loaded.model),
+        "kernels": loaded.model.backend.describe(),
+    }
+
+
+FORMAT_FIELDS = ("quantization", "dtype", "layer_steps", "kernels")
+
+
+def _describe(info: dict[str, object]) -> str:
+    return ", ".join(f"{field} {info.get(field)}" for field in FORMAT_FIELDS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short requests, under a minute")
@@ -123,6 +166,12 @@ def main() -> None:
     parser.add_argument("--max-prefill-tokens", type=int, default=2048)
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "int8", "q4"),
+        help="weight format of both sides (auto: met serve's default)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="runs of each (best counts)")
     args = parser.parse_args()
     if args.repeats is None:
@@ -138,6 +187,7 @@ def main() -> None:
     num_kv_blocks = sum(-(-(len(ids) + n) // 16) for ids, n in workload)
     engine = {
         "dtype": "float32",
+        "quantization": args.quantization,
         "device": "cpu",
         "max_batch_size": args.max_batch_size,
         "max_batch_tokens": args.max_prefill_tokens,
@@ -145,6 +195,7 @@ def main() -> None:
         "num_kv_blocks": num_kv_blocks,
     }
     num_output = sum(n for _, n in workload)
+    print(cpu_line())
     print(
         f"requests: {len(workload)}  prompt tokens: {sum(len(ids) for ids, _ in workload)}  "
         f"output tokens: {num_output}  engine: {engine}"
@@ -154,6 +205,8 @@ def main() -> None:
         [
             "--dtype",
             "float32",
+            "--quantization",
+            args.quantization,
             "--device",
             "cpu",
             "--max-batch-size",
@@ -171,7 +224,13 @@ def main() -> None:
     try:
         server.wait_ready(timeout_s=300)
         model = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused").models.list()
+        served = wait_for_server_steps(server.base_url)
         llm = LLM(None, **engine)
+        offline = offline_info(llm)
+        print(f"served (/v1/server): {_describe(served)}")
+        print(f"offline (LLM):       {_describe(offline)}")
+        same = all(served.get(field) == offline[field] for field in FORMAT_FIELDS)
+        print(f"both sides: {'the same' if same else 'DIFFERENT'} format, dtype and steps")
         # Interleaved, best of N: an idle server costs no CPU, and on a shared machine the
         # fastest run of each is the one least disturbed by others.
         for _ in range(args.repeats):

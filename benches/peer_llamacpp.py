@@ -1,9 +1,11 @@
 """llama.cpp's ``llama-server`` against ``met serve`` on one GGUF file, one server after the other.
 
-Get ``llama-server`` first (once per machine; about 15-20 minutes on 2 cores). The script builds it
-from the llama.cpp sources vendored in the llama-cpp-python sdist and prints the binary's path:
+Build ``llama-server`` first (once per machine; about 15-20 minutes on 2 cores), from
+llama.cpp's sources (a checkout, or the copy vendored in the llama-cpp-python sdist):
 
-    ../shared/tools/build-llama-server.sh
+    cmake -S llama.cpp -B ~/.cache/metrale-peers/llama.cpp/build -DCMAKE_BUILD_TYPE=Release \\
+        -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF
+    cmake --build ~/.cache/metrale-peers/llama.cpp/build -j --target llama-server llama-perplexity
     # -> ~/.cache/metrale-peers/llama.cpp/build/bin/llama-server
 
 Then, from the repository root:
@@ -56,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_host import cpu_line, host_fields
 
 from metrale_bench.server_process import ServerProcess, ServerStartError, free_port
 from metrale_config import read_gguf_header
@@ -443,6 +446,7 @@ def write_json(
 ) -> None:
     document = {
         "model": str(gguf),
+        "host": host_fields(),
         "threads": args.threads,
         "quick": args.quick,
         "met_args": args.met_arg,
@@ -498,6 +502,7 @@ def run_both(args: argparse.Namespace, gguf: Path, plan: Plan) -> tuple[Figures 
 def main() -> None:
     args = parse_args()
     gguf = (args.model or default_gguf()).expanduser().absolute()
+    say(cpu_line())
     say(f"model: {gguf}\nthreads: {args.threads}  met args: {args.met_arg}")
     records_dir = Path(tempfile.mkdtemp(prefix="peer-llamacpp-"))
     plan = Plan(

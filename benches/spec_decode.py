@@ -5,7 +5,9 @@
         [--quantization none] [--draft-quantization int8]
 
 Two workloads, each request run alone (batch 1) through ``metrale_server.LLM`` with its
-defaults (int8 weights and compiled layer steps on this CPU, timed once they are compiled):
+defaults (weights in the checkpoint's format, ``--quantization auto``: the bundled Q4_1 GGUF
+as q4 where the native cpu kernels run it, else float32; native or compiled layer steps, timed
+once ready; the target's weight format and dtype are printed first):
 an input-grounded one (chat prompts asking to repeat, edit or summarize a passage given in the
 prompt, where the output copies from the input) and random prompts of token ids. Each runs with
 ``--speculative-config``'s proposer and without, greedy, 128 output tokens; decode tokens/s =
@@ -23,6 +25,8 @@ from __future__ import annotations
 import argparse
 import random
 import time
+
+from bench_host import cpu_line
 
 from metrale_model_arch import resolve_model
 from metrale_server import LLM, SamplingParams
@@ -63,6 +67,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto", help="the target's --quantization")
     parser.add_argument("--draft-quantization", default="int8")
     args = parser.parse_args()
+    print(cpu_line())
     if args.method == "ngram":
         config = SpeculativeConfig(
             num_speculative_tokens=args.num_speculative_tokens,
@@ -81,6 +86,12 @@ def main() -> None:
     for llm in (plain, speculative):
         if llm.engine.core.compiler is not None:
             llm.engine.core.compiler.wait()
+    loaded = plain.engine.loaded
+    draft = f"; draft in {args.draft_quantization}" if args.method == "draft_model" else ""
+    print(
+        f"target weights: {loaded.quantization}, {str(loaded.dtype).removeprefix('torch.')} "
+        f"(both runs){draft}"
+    )
     tokenizer = plain.engine.loaded.tokenizer
     grounded = [
         {

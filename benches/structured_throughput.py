@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+from bench_host import cpu_line
 
 from metrale_bench.server_process import ServerProcess
 
@@ -187,6 +188,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print(cpu_line())
     compile_times()
     server = ServerProcess.start(["--max-batch-size", str(args.streams)])
     try:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from bench_host import cpu_line
+
 from metrale_bench.server_process import ServerProcess
 
 GOAL_S = 2.5
@@ -41,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(cpu_line())
     boot_once()  # warm the page cache (wheels, the GGUF file)
     runs = [boot_once() for _ in range(args.repeats)]
     floor = statistics.median(torch_import_s() for _ in range(args.repeats))

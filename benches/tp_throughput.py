@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from bench_host import cpu_line
 
 from metrale_config import read_gguf_header
 from metrale_model_arch import Tokenizer, resolve_model
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--layers", type=int, default=8)
     args = parser.parse_args()
+    print(cpu_line())
     rng = random.Random(0)
     prompts = [
         [rng.randrange(1000, 40000) for _ in range(args.prompt_tokens)]

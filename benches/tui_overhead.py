@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 
 import openai
+from bench_host import cpu_line
 
 sys.path.insert(0, str(Path(__file__).parent))
 from http_throughput import make_workload, run_http
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    print(cpu_line())
     output_range = (8, 32) if args.quick else (64, 192)
     workload = make_workload(args.num_requests, (16, 64), output_range, args.seed)
     num_output = sum(n for _, n in workload)

@@ -78,27 +78,42 @@ def _long_stream(client: openai.OpenAI) -> openai.Stream[openai.types.Completion
     )
 
 
-def _wait_unreachable(server: ServerProcess, timeout_s: float) -> bool:
+def _wait_draining(server: ServerProcess, timeout_s: float) -> httpx.Response:
+    """``/health``'s first answer that is not 200 (the signal takes effect asynchronously)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.health() is None:
-            return True
+    while True:
+        response = httpx.get(f"{server.base_url}/health", timeout=5)
+        if response.status_code != 200 or time.monotonic() > deadline:
+            return response
         time.sleep(0.02)
-    return False
 
 
 @pytest.mark.slow
 def test_sigterm_lets_an_in_flight_stream_finish(
     tiny_model_dir: Path, started: list[ServerProcess], tmp_path: Path
 ) -> None:
-    server = _start(tiny_model_dir, tmp_path / "server.log", "--drain-timeout", "60")
+    # Neither the drain nor the request times out, however loaded the machine (the drain ends
+    # when the stream does).
+    server = _start(
+        tiny_model_dir, tmp_path / "server.log", "--drain-timeout", "900", "--request-timeout", "0"
+    )
     started.append(server)
     stream = _long_stream(_client(server))
     chunks = iter(stream)
     first = [next(chunks) for _ in range(5)]
     server.terminate()
-    assert _wait_unreachable(server, timeout_s=5), "the listening socket stayed open"
+    # The listener stays open for the drain: /health says so, new work is refused.
+    health = _wait_draining(server, timeout_s=5)
+    assert (health.status_code, health.json()) == (503, {"status": "draining"})
+    refused = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json={"model": SERVED_NAME, "prompt": "Hi", "max_tokens": 2},
+        timeout=5,
+    )
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutting_down"
     assert server.is_running()  # still draining: the stream is not done
+    assert httpx.get(f"{server.base_url}/health", timeout=5).status_code == 503
     rest = list(chunks)
     text = "".join(c.choices[0].text for c in [*first, *rest] if c.choices)
     finish_reasons = [c.choices[0].finish_reason for c in rest if c.choices]
@@ -107,6 +122,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(
     assert usage[-1].completion_tokens == LONG_MAX_TOKENS
     assert text
     assert server.wait(timeout_s=15) == 0, server.log_text()
+    assert server.health() is None  # the listener closed once the drain ended
     assert "draining" in server.log_text()
 
 

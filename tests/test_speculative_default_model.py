@@ -91,3 +91,24 @@ def test_served_greedy_is_unchanged(server: ServerProcess, plain_texts: list[str
         )
         assert response.choices[0].message.content == expected
     assert "speculative decoding: ngram, up to 4 draft tokens" in server.log_text()
+
+
+TOPICS = ["the harbour", "a train", "the river", "a garden", "the market"]
+FORMS = ["Repeat exactly: {p}", "Summarize: {p}", "Continue the story: {p}", "Copy: {p} {p}"]
+
+
+def twenty_prompts() -> list[str]:
+    return [form.format(p=f"{PASSAGE} It was about {topic}.") for topic in TOPICS for form in FORMS]
+
+
+@pytest.mark.parametrize("quantization", ["q4", "int8"])
+def test_speculation_keeps_greedy_text_for_twenty_prompts(quantization: str) -> None:
+    """The verifying forward computes each row as the one-row decode step does (row
+    invariance), so a near-tie can no longer flip under a quantized format."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    prompts = twenty_prompts()
+    plain = LLM(None, quantization=quantization, max_batch_size=20).generate(prompts, params)
+    speculative = LLM(None, quantization=quantization, max_batch_size=20, speculative_config=SPEC)
+    drafted = speculative.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    assert speculative.engine.stats.num_accepted_tokens > 0

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from metrale_bench.cli import bench
 from metrale_bench.records import read_record
+from metrale_bench.records_dir import default_records_dir
 
 
-def _invoke(args: list[str]) -> tuple[int, str, str]:
-    result = CliRunner().invoke(bench, args, catch_exceptions=False)
+def _invoke(args: list[str], env: dict[str, str | None] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(bench, args, env=env, catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -139,3 +141,58 @@ def test_serve_sharegpt_over_chat(fake_server_url: str, tmp_path: Path) -> None:
     # "Once." is 5 characters → ceil(5 / 4) = 2 tokens asked for, and the fake makes them all.
     assert record.metrics["total_output_tokens"] == 3 * 2
     assert record.params["workload"]["dataset_path"] == str(dataset)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty current directory, with no records directory set by the environment."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("METRALE_BENCH_DIR", raising=False)
+    return work
+
+
+def _quick_serve(fake_server_url: str, *extra: str) -> list[str]:
+    return ["serve", "--base-url", fake_server_url, "--num-prompts", "2", "--random-input-len",
+            "4", "--random-output-len", "2", "--no-progress", "--no-plot", *extra]  # fmt: skip
+
+
+def test_records_go_to_the_user_data_dir_not_the_current_one(
+    fake_server_url: str, workdir: Path, tmp_path: Path
+) -> None:
+    data_home = tmp_path / "data"
+    env: dict[str, str | None] = {"XDG_DATA_HOME": str(data_home)}
+    code, out, err = _invoke(_quick_serve(fake_server_url), env=env)
+    assert code == 0, out + err
+    assert list(workdir.iterdir()) == []
+    path = _only_record(data_home / "metrale" / "bench" / "serve")
+    assert f"record: {path}" in out
+    code, out, _ = _invoke(["list"], env=env)  # list reads the same place
+    assert code == 0
+    assert path.name in out
+
+
+def test_an_explicit_records_dir_wins(fake_server_url: str, workdir: Path, tmp_path: Path) -> None:
+    env: dict[str, str | None] = {
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "METRALE_BENCH_DIR": str(tmp_path / "from-env"),
+    }
+    assert _invoke(_quick_serve(fake_server_url), env=env)[0] == 0
+    _only_record(tmp_path / "from-env" / "serve")
+    code, out, _ = _invoke(_quick_serve(fake_server_url, "--records-dir", "mine"), env=env)
+    assert code == 0
+    path = _only_record(workdir / "mine" / "serve")
+    assert f"record: {path}" in out  # absolute, though the flag was relative
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_default_records_dir_follows_xdg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fallback = tmp_path / ".local" / "share" / "metrale" / "bench"
+    assert default_records_dir({}) == fallback
+    assert default_records_dir({"XDG_DATA_HOME": ""}) == fallback
+    assert default_records_dir({"XDG_DATA_HOME": "relative/dir"}) == fallback
+    assert default_records_dir({"XDG_DATA_HOME": "/srv/data"}) == Path("/srv/data/metrale/bench")

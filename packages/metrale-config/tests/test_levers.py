@@ -25,7 +25,7 @@ EXPECTED_LEVERS = {
     "METRALE_GLM_DSA_INDEXER_FLAT": (bool, False),
     "METRALE_NATIVE_MARCH": (str, "native"),
     "METRALE_ENFORCE_EAGER": (bool, False),
-    "METRALE_BENCH_DIR": (str, "benchmarks"),
+    "METRALE_BENCH_DIR": (str, None),
 }
 
 

@@ -8,12 +8,15 @@ owns, and the same bits for a row alone as inside any batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 
-from metrale_kernels import TorchBackend, get_backend, quantize_per_row
+from metrale_kernels import TorchBackend, get_backend, native, quantize_per_row
 from metrale_kernels.cpu_backend import CpuBackend
-from metrale_kernels.native import NativeBuildError, load_native_ops
+from metrale_kernels.native import NativeBuildError, NativeOps
 from metrale_kernels.native_layer_reference import check_layer_ops
 from metrale_kernels.paged_batches import batch_invariance, paged_batch
 
@@ -23,11 +26,8 @@ BLOCK_SIZES = [1, 5, 16]
 
 
 @pytest.fixture(scope="module")
-def backend() -> CpuBackend:
-    try:
-        load_native_ops()
-    except NativeBuildError as error:
-        pytest.skip(f"native CPU ops cannot be built here: {error}")
+def backend(native_ops: NativeOps) -> CpuBackend:
+    del native_ops
     cpu = CpuBackend()
     assert cpu.native is not None
     return cpu
@@ -130,10 +130,46 @@ def test_other_dtypes_take_the_reference_path(backend: CpuBackend) -> None:
     assert torch.equal(backend.paged_attention(*args), TorchBackend().paged_attention(*args))
 
 
-def test_auto_on_the_cpu_is_the_cpu_backend() -> None:
+def test_auto_on_the_cpu_is_the_cpu_backend_with_its_native_ops(backend: CpuBackend) -> None:
+    del backend  # the ops are built: there is a compiler
     chosen = get_backend("cpu", "auto")
-    assert isinstance(chosen, CpuBackend) or chosen.name == "torch"
-    assert get_backend("cpu", "torch").name == "torch"
+    assert type(chosen) is CpuBackend
+    chosen.prepare()
+    assert chosen.native is not None
+    assert chosen.describe().startswith("cpu backend: native int8_mm")
+    assert type(get_backend("cpu", "torch")) is TorchBackend
+
+
+def _outcome(call: Callable[[], NativeOps]) -> BaseException:
+    """What ``call`` raised: a build error or a skip (a skip is no exception to ``raises``)."""
+    try:
+        call()
+    except (NativeBuildError, pytest.skip.Exception) as raised:
+        return raised
+    raise AssertionError("the native ops loaded: neither a build error nor a skip")
+
+
+def test_native_tests_skip_without_a_compiler_and_fail_on_a_broken_build(
+    native_ops_or_skip: Callable[[], NativeOps],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(native, "_loaded", None)  # as if nothing were loaded yet
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    skipped = _outcome(native_ops_or_skip)
+    assert isinstance(skipped, pytest.skip.Exception)
+    assert "no C++ compiler" in str(skipped)
+    broken = tmp_path / "broken-c++"
+    broken.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo "broken 1.0" && exit 0\n'
+        'echo "error: this compiler is broken" >&2\nexit 1\n'
+    )
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    failed = _outcome(native_ops_or_skip)
+    assert isinstance(failed, NativeBuildError)
+    assert "this compiler is broken" in str(failed)
 
 
 def test_the_native_layer_ops_match_the_reference_ops(backend: CpuBackend) -> None:

@@ -5,6 +5,7 @@ launch shape the hardware takes. (The kernels themselves need a GPU: test_cupy_b
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any
 
@@ -12,17 +13,21 @@ import numpy
 import pytest
 import torch
 
-from metrale_kernels import build_attention_metadata
+from metrale_kernels import TorchBackend, build_attention_metadata
 from metrale_kernels.cuda import backend as cupy_backend
 from metrale_kernels.cuda.backend import CupyBackend
-from metrale_kernels.cuda.parity import paged_batch
+from metrale_kernels.cuda.parity import CASES, DTYPES, check_case
 from metrale_kernels.cuda.sources import SOURCES_BY_NAME, source_code
+from metrale_kernels.paged_batches import paged_batch
 from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
 
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void\s+(?:__launch_bounds__\(\w+\)\s+)?'
     r"(\w+?)(?:_##SUFFIX)?\s*\(([^)]*)\)"
 )
+_DEFINE = re.compile(r"^#define (\w+) (\d+)", re.MULTILINE)
+# A kernel's carve-up of its dynamic shared memory: ``float* k_s = q_s + n;  // (TILE, dim)``.
+_SHARED_BUFFER = re.compile(r"float\* \w+ = [^;]+;[ \t]*// \(([^)]*)\)")
 _KINDS = {
     numpy.uint64: "pointer",
     numpy.int32: "int",
@@ -41,6 +46,26 @@ def _parameter_kinds(source: str) -> dict[str, list[str]]:
             for p in (part.strip() for part in params.split(","))
         ]
     return kinds
+
+
+def _defines(source: str) -> dict[str, int]:
+    return {
+        name: int(value) for name, value in _DEFINE.findall(source_code(SOURCES_BY_NAME[source]))
+    }
+
+
+def _declared_shared_floats(source: str, **sizes: int) -> int:
+    """The floats of a kernel's shared buffers as its source declares them: the product of
+    each buffer's shape comment, evaluated with ``sizes`` (the source's names) in scope."""
+    code = source_code(SOURCES_BY_NAME[source])
+    shapes = _SHARED_BUFFER.findall(code)
+    assert shapes, f"no shared buffers declared in {source}"
+    return sum(
+        math.prod(
+            eval(dim, {"__builtins__": {}}, dict(sizes)) for dim in shape.split(",") if dim.strip()
+        )
+        for shape in shapes
+    )
 
 
 Launch = tuple[str, str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], int]
@@ -150,12 +175,67 @@ def test_paged_attention_splits_long_rows_and_bounds_the_partials(launches: list
     q = torch.randn(1, 4, 64, dtype=torch.bfloat16)
     cache = torch.zeros(70, 16, 4, 64, dtype=torch.bfloat16)
     _backend().paged_attention(q, cache, cache, metadata, 0.125)
-    (_, partial, grid, _, _, shared), (_, combine, combine_grid, _, _, _) = launches
+    (_, partial, grid, _, _, _), (_, combine, combine_grid, _, _, _) = launches
     assert partial == "paged_attention_partial_bf16"
     assert grid == (1, 4, 5)  # 1100 keys in splits of 256
     assert combine == "paged_attention_combine_bf16"
     assert combine_grid == (1, 4)
-    assert shared == 4 * (64 + 32 * 65 + 32 + 3)
+
+
+# (group, head_dim, whether the kernel takes it): (4, 352) and (1, 512) need more shared memory
+# than the 48 KiB a block gets without opting in, (16, 256) more accumulators than a thread has.
+ATTENTION_LAYOUTS = [
+    (1, 64, True), (4, 64, True), (8, 128, True), (16, 128, True), (32, 64, True),
+    (4, 320, True), (4, 352, False), (1, 512, False), (16, 256, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("group", "head_dim", "takes"), ATTENTION_LAYOUTS)
+def test_paged_attention_asks_for_the_shared_memory_its_kernel_declares(
+    launches: list[Launch], group: int, head_dim: int, takes: bool
+) -> None:
+    defines = _defines("paged_attention")
+    needed = 4 * _declared_shared_floats(
+        "paged_attention", group=group, head_dim=head_dim, TILE=defines["ATTENTION_TILE"]
+    )
+    accumulators = defines["MAX_ACCUMULATORS"] * defines["ATTENTION_THREADS"]
+    assert takes == (needed <= 48 * 1024 and group * head_dim <= accumulators)
+    batch = paged_batch(
+        seq_lens=[40, 3], query_lens=[1, 3], num_heads=2 * group, num_kv_heads=2,
+        head_dim=head_dim, dtype=torch.float32, device=torch.device("cpu"),
+    )  # fmt: skip
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, head_dim**-0.5)
+
+    out = _backend().paged_attention(*args)
+
+    if takes:
+        partial = [shared for _, name, *_, shared in launches if "partial" in name]
+        assert partial == [needed]
+    else:  # the reference, not a launch the hardware would refuse
+        assert not launches
+        torch.testing.assert_close(out, TorchBackend().paged_attention(*args), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_parity_case_launches_kernels_and_reaches_no_reference_op(
+    launches: list[Launch], case: str, dtype: torch.dtype
+) -> None:
+    # The launches do nothing here: the outputs are garbage, only the dispatch is checked.
+    result = check_case(case, dtype, _backend(), "cpu")
+    assert result.fallbacks == ()
+    assert launches
+
+
+def test_a_backend_that_falls_back_fails_the_parity_case(
+    launches: list[Launch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cupy_backend, "dtype_suffix", lambda dtype: None)  # no kernel takes it
+    result = check_case("rms_norm", torch.float32, _backend(), "cpu")
+    assert not launches
+    assert result.max_error == 0.0
+    assert result.fallbacks == ("rms_norm",)
+    assert not result.is_ok
 
 
 def test_an_input_without_a_kernel_falls_back_to_the_reference(launches: list[Launch]) -> None:

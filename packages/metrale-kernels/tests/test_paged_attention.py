@@ -124,6 +124,11 @@ def check(batch: PagedBatch, sliding_window: int | None = None, *, atol: float =
     assert out.dtype == batch.q.dtype
     expected = dense_attention(batch, scale, sliding_window)
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
+    # The gathering reference (the torch path on CUDA) against the same dense attention.
+    gathered = paged_attention_module.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
+    )
+    torch.testing.assert_close(gathered.double(), expected, atol=atol, rtol=atol)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -354,10 +359,11 @@ def test_plan_built_once_per_step_and_window(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(paged_attention_module, "plan_decode", counting)
     scale = HEAD_DIM**-0.5
-    backend = TorchBackend()
+    # The reference kernel (CUDA's torch path); the CPU's is row_invariant_attention.
+    reference = paged_attention_module.paged_attention
     layer_windows = [None, 8, None, 8, None, None]  # alternating global / sliding layers
     outputs = [
-        backend.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, w)
+        reference(batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, w)
         for w in layer_windows
     ]
     assert built == [None, 8]
@@ -375,9 +381,7 @@ def test_plan_built_once_per_step_and_window(monkeypatch: pytest.MonkeyPatch) ->
         block_size=batch.metadata.block_size,
     )
     for window, out in zip(layer_windows, outputs, strict=True):
-        expected = backend.paged_attention(
-            batch.q, batch.k_cache, batch.v_cache, fresh, scale, window
-        )
+        expected = reference(batch.q, batch.k_cache, batch.v_cache, fresh, scale, window)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
     check(batch)
     check(batch, 8)

@@ -9,6 +9,8 @@ sums the same integers in another order, so it differs from the reference by flo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from metrale_kernels import (
 )
 from metrale_kernels.cpu_backend import CpuBackend
 from metrale_kernels.int8_matmul import two_digit_rows
-from metrale_kernels.native import NativeBuildError, load_native_ops
+from metrale_kernels.native import NativeOps
 from metrale_kernels.q4_matmul import block_scales, pack_ggml_q4_1, q4_logical_shape, unpack_q4
 
 HALF_ULP16 = 2.0**-11  # float16 rounding, relative (normal numbers)
@@ -288,11 +290,8 @@ def test_q4_linear_returns_the_activations_dtype() -> None:
 
 
 @pytest.fixture(scope="module")
-def native() -> None:
-    try:
-        load_native_ops()
-    except NativeBuildError as error:
-        pytest.skip(f"native CPU ops cannot be built here: {error}")
+def native(native_ops: NativeOps) -> None:
+    del native_ops  # built and loaded: torch.ops.metrale.q4_mm is there
 
 
 def close_to_reference(got: torch.Tensor, want: torch.Tensor, scale: float) -> None:
@@ -334,6 +333,68 @@ def test_q4_mm_gives_a_row_the_same_bits_alone_and_in_any_batch(native: None, to
         assert torch.equal(alone[0], batch[i]), i
     middle = torch.ops.metrale.q4_mm(x[1:-1], packed, scales, bias)  # another tiling
     assert torch.equal(middle, batch[1:-1])
+
+
+# q4_mm passes over the rows in chunks of about 192 KiB of digits (2 * k bytes a row), a whole
+# number of the path's row tiles: at k = 1536, 64 rows on every path. Mirrored here only to put
+# rows on both sides of chunk boundaries; a 2048-row call spans many chunks whatever it is.
+CHUNK_DIGIT_BYTES = 192 * 1024
+TILE_ROWS = {"avx512_vnni": 8, "avx2": 4, "scalar": 1}
+CHUNKED_K = 1536
+
+
+def chunk_rows(k: int) -> int:
+    tile = TILE_ROWS[str(torch.ops.metrale.q4_mm_path())]
+    return max(1, CHUNK_DIGIT_BYTES // (2 * k) // tile) * tile
+
+
+def chunked_operands(
+    tokens: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, packed, scales, bias)`` at ``CHUNKED_K`` features: 10 panels of 16 output rows
+    (more than one task's grain of panels) and ``tokens`` distinct activation rows."""
+    generator = torch.Generator().manual_seed(seed)
+    packed, scales = quantize_q4(random_weight(160, CHUNKED_K, generator))
+    x = torch.randn(tokens, CHUNKED_K, generator=generator)
+    x[:, 5] *= 10  # an outlier channel
+    bias = torch.randn(160, generator=generator)
+    return x, packed, scales, bias
+
+
+@pytest.mark.parametrize(
+    "tokens_of_chunk",
+    [lambda chunk: 65, lambda chunk: 2 * chunk + 3, lambda chunk: 2048],
+    ids=["65", "2chunks+3", "2048"],
+)
+def test_q4_mm_matches_the_reference_in_every_chunk_of_rows(
+    native: None, tokens_of_chunk: Callable[[int], int]
+) -> None:
+    del native
+    tokens = tokens_of_chunk(chunk_rows(CHUNKED_K))
+    assert tokens > chunk_rows(CHUNKED_K)  # more than one chunk
+    x, packed, scales, bias = chunked_operands(tokens, seed=tokens)
+    scale = float((x.abs() @ dequantize_q4(packed, scales).abs().T).amax())
+
+    got = torch.ops.metrale.q4_mm(x, packed, scales, bias)
+
+    assert got.shape == (tokens, 160)
+    close_to_reference(got, q4_linear(x, packed, scales, bias), scale)
+
+
+def test_q4_mm_gives_a_row_the_same_bits_alone_and_across_chunk_boundaries(native: None) -> None:
+    del native
+    chunk = chunk_rows(CHUNKED_K)
+    tokens = 3 * chunk + 5
+    x, packed, scales, bias = chunked_operands(tokens, seed=11)
+    batch = torch.ops.metrale.q4_mm(x, packed, scales, bias)
+    edges = [0, chunk - 1, chunk, chunk + 1, 2 * chunk, 3 * chunk - 1, 3 * chunk, tokens - 1]
+    for i in edges:
+        alone = torch.ops.metrale.q4_mm(x[i : i + 1], packed, scales, bias)
+        assert torch.equal(alone[0], batch[i]), i
+    # Starting mid-chunk, every row falls in another chunk and tile than in the batch.
+    start = chunk // 2 + 1
+    shifted = torch.ops.metrale.q4_mm(x[start:], packed, scales, bias)
+    assert torch.equal(shifted, batch[start:])
 
 
 def test_q4_mm_gives_a_zero_row_its_bias(native: None) -> None:

@@ -60,9 +60,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: 
 def tiny_glm5_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
     """A 4-layer random GLM-5.3 (KDA, DSA with a shared-indexer layer, MoE, 4 streams; pools
     of 4 tokens, top-k 8 tokens) over SmolLM2's vocabulary, as transformers saves it."""
+    return save_tiny_glm5(tmp_path_factory.mktemp("tiny-glm5-next"), default_tokenizer)
+
+
+def save_tiny_glm5(
+    path: Path, default_tokenizer: Tokenizer, *, index_kpool: int = 4, index_topk: int = 8
+) -> Path:
+    """:func:`tiny_glm5_dir`'s model, with other indexer pools if asked."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("tiny-glm5-next")
     linear, indexed = "linear_attention", "indexed_attention"
     text = transformers.Glm5NextTextConfig(
         vocab_size=default_tokenizer.vocab_size,
@@ -81,8 +87,8 @@ def tiny_glm5_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: T
         v_head_dim=16,
         index_n_heads=16,
         index_head_dim=16,
-        index_topk=8,
-        index_kpool=4,
+        index_topk=index_topk,
+        index_kpool=index_kpool,
         linear_num_heads=2,
         linear_head_dim=16,
         hc_mult=4,

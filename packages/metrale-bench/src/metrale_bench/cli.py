@@ -1,7 +1,9 @@
 """``met bench`` (or ``metrale-bench``): the drivers, ``list`` and ``compare`` as a click group.
 
 Every driver writes one record (``RECORDS_DIR/<benchmark>/<stamp>-<sha>.json``) and a PNG
-beside it, prints its headline figures, and exits 1 when any request failed.
+beside it, prints their paths and the headline figures, and exits 1 when any request failed.
+``RECORDS_DIR`` is ``--records-dir``, else ``$METRALE_BENCH_DIR``, else the user's data
+directory (``records_dir.default_records_dir``).
 """
 
 from __future__ import annotations
@@ -30,12 +32,16 @@ from metrale_bench.datasets import DatasetError
 from metrale_bench.load import LoadSpec
 from metrale_bench.metrics import Slo
 from metrale_bench.records import BenchRecord, RecordError, find_records, read_record, write_record
+from metrale_bench.records_dir import (
+    DEFAULT_RECORDS_DIR_HELP,
+    RECORDS_DIR_ENV,
+    default_records_dir,
+)
 from metrale_bench.server_process import ServerStartError, running_server
 from metrale_bench.streaming import SamplingSpec
 from metrale_bench.target import ServerTarget, TargetError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8888"
-RECORDS_DIR_ENV = "METRALE_BENCH_DIR"
 HEADLINES = {
     "serve": (
         "output_tok_s",
@@ -119,8 +125,8 @@ def output_options(function: F) -> F:
             "--records-dir",
             type=click.Path(file_okay=False, path_type=Path),
             envvar=RECORDS_DIR_ENV,
-            default=Path("benchmarks"),
-            show_default=True,
+            default=default_records_dir,
+            show_default=DEFAULT_RECORDS_DIR_HELP,
             help=f"Records go to DIR/<benchmark>/ (or ${RECORDS_DIR_ENV}).",
         ),
         click.option("--no-plot", is_flag=True, help="Write no PNG."),
@@ -242,13 +248,13 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
 
 def finish(record: BenchRecord, records_dir: Path, *, plot: bool) -> None:
     """Write the record (and its plot), print the headline figures; exit 1 on failures."""
-    path = write_record(record, records_dir)
+    path = write_record(record, records_dir).absolute()
     out = _stdout()
-    out.print(f"record: {path}")
+    out.print(f"record: {path}", soft_wrap=True)
     if plot:
         from metrale_bench.plots import plot_record  # matplotlib loads only when drawing
 
-        out.print(f"plot:   {plot_record(record, path.with_suffix('.png'))}")
+        out.print(f"plot:   {plot_record(record, path.with_suffix('.png'))}", soft_wrap=True)
     out.print(headline_table(record))
     if record.num_failed:
         for error in record.errors:
@@ -519,11 +525,12 @@ def default_tier_boot(**options: Any) -> None:
     "records_dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar=RECORDS_DIR_ENV,
-    default=Path("benchmarks"),
+    default=default_records_dir,
     required=False,
 )
 def list_records(records_dir: Path) -> None:
-    """List the records under RECORDS_DIR (default: ./benchmarks), oldest first."""
+    """List the records under RECORDS_DIR (default: $METRALE_BENCH_DIR, else
+    $XDG_DATA_HOME/metrale/bench or ~/.local/share/metrale/bench), oldest first."""
     table = Table(title=str(records_dir))
     for column in ("record", "benchmark", "recorded", "git", "model", "failed"):
         table.add_column(column)

@@ -81,8 +81,9 @@ LEVERS: Mapping[str, Lever] = _declare(
     Lever(
         name="METRALE_BENCH_DIR",
         type=str,
-        default="benchmarks",
-        doc="Directory where `met bench` writes and lists its records.",
+        default=None,
+        doc="Directory where `met bench` writes and lists its records (unset: "
+        "$XDG_DATA_HOME/metrale/bench, else ~/.local/share/metrale/bench).",
     ),
 )
 

@@ -19,6 +19,7 @@ from metrale_kernels import (
     q4_matmul,
 )
 from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.row_invariant_attention import row_invariant_attention
 
 
 class KernelBackend:
@@ -136,8 +137,13 @@ class KernelBackend:
         slots past ``seq_len`` may hold anything (NaN included) without changing the result.
         Returns ``(tokens, heads, head_dim)`` (``out`` when given, which must not alias ``q``);
         raises ``ValueError`` when ``heads`` is not a multiple of ``kv_heads`` or
-        ``sliding_window < 1``.
+        ``sliding_window < 1``. On the CPU a row's result depends on its own context alone
+        (:mod:`~metrale_kernels.row_invariant_attention`).
         """
+        if q.device.type == "cpu":
+            return row_invariant_attention(
+                q, k_cache, v_cache, metadata, scale, sliding_window, out=out
+            )
         return paged_attention.paged_attention(
             q, k_cache, v_cache, metadata, scale, sliding_window, out=out
         )

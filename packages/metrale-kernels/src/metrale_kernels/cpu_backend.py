@@ -6,9 +6,11 @@
   reference either way, so a sequence's tokens do not depend on which kernel ran.
 - ``q4_linear`` (float32 activations) is ``metrale::q4_mm``: the 4-bit blocks unpacked in
   registers, never as a dequantized matrix; the same integer sums as the reference's.
-- ``paged_attention`` attends the step's decode rows with ``metrale::paged_decode``, reading
-  K/V blocks in place (the reference gathers each row's context into a copy first); prefill
-  rows, and caches or activations other than float32, take the reference path.
+- ``paged_attention`` attends every query row of the step with ``metrale::paged_decode``,
+  reading K/V blocks in place: a prefill's tokens are rows over their causal context, like a
+  decode's, so a token's attention is the same whatever step it is in (row invariance; at the
+  cost of GEMM-shaped speed on long prompts). Caches or activations other than float32 take
+  the reference path.
 
 The native ops are built on first use (:mod:`metrale_kernels.native`), which takes seconds
 cold: until :meth:`CpuBackend.prepare` has run, every op is the reference's. Creating the
@@ -34,45 +36,34 @@ logger = logging.getLogger("metrale.kernels")
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class DecodeRows:
-    """The step's decode rows as the native kernel reads them, and its prefills."""
+class QueryRows:
+    """Every query token of the step as a row the native kernel attends on its own."""
 
-    rows: torch.Tensor  # (rows,) int64: the token index of each decode row
+    rows: torch.Tensor  # (rows,) int64: the token index of each row
     seqs: torch.Tensor  # (rows,) int64: its sequence (a row of the block tables)
-    seq_lens: torch.Tensor  # (rows,) int64: keys up to here
+    seq_lens: torch.Tensor  # (rows,) int64: keys up to here (its position + 1)
     first_keys: torch.Tensor  # (rows,) int64: keys from here (a sliding window's start)
-    prefills: tuple[reference_attention.PrefillSeq, ...]
 
 
-def plan_decode_rows(metadata: AttentionMetadata, sliding_window: int | None) -> DecodeRows:
+def plan_query_rows(metadata: AttentionMetadata, sliding_window: int | None) -> QueryRows:
+    """A prefill's tokens are rows like a decode's, each over its causal context: a token's
+    attention is then computed the same way whatever step it is in (row invariance)."""
     reference_attention.check_sliding_window(sliding_window)
-    rows: list[int] = []
     seqs: list[int] = []
-    lens: list[int] = []
-    firsts: list[int] = []
-    prefills = []
-    start = 0
+    ends: list[int] = []
     for seq, (query_len, seq_len) in enumerate(
         zip(metadata.query_lens, metadata.seq_lens, strict=True)
     ):
-        if query_len == 1:
-            rows.append(start)
-            seqs.append(seq)
-            lens.append(seq_len)
-            firsts.append(reference_attention.first_visible(seq_len - 1, sliding_window))
-        else:
-            prefills.append(reference_attention.plan_prefill(metadata, seq, start, sliding_window))
-        start += query_len
-
-    def indices(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64)
-
-    return DecodeRows(
-        rows=indices(rows),
-        seqs=indices(seqs),
-        seq_lens=indices(lens),
-        first_keys=indices(firsts),
-        prefills=tuple(prefills),
+        seqs += [seq] * query_len
+        ends += range(seq_len - query_len + 1, seq_len + 1)
+    return QueryRows(
+        rows=torch.arange(len(seqs), dtype=torch.int64),
+        seqs=torch.tensor(seqs, dtype=torch.int64),
+        seq_lens=torch.tensor(ends, dtype=torch.int64),
+        first_keys=torch.tensor(
+            [reference_attention.first_visible(end - 1, sliding_window) for end in ends],
+            dtype=torch.int64,
+        ),
     )
 
 
@@ -154,7 +145,7 @@ class CpuBackend(TorchBackend):
                 q, k_cache, v_cache, metadata, scale, sliding_window, out=out
             )
         reference_attention.group_size(q.shape[1], k_cache.shape[2])
-        plan = metadata.derived(("native_decode", sliding_window), plan_decode_rows, sliding_window)
+        plan = metadata.derived(("native_rows", sliding_window), plan_query_rows, sliding_window)
         q = q.contiguous()
         if out is None:
             out = torch.empty_like(q)
@@ -170,9 +161,5 @@ class CpuBackend(TorchBackend):
                 plan.first_keys,
                 scale,
                 out,
-            )
-        for prefill in plan.prefills:
-            out[prefill.tokens] = reference_attention.prefill_attention(
-                q[prefill.tokens], k_cache, v_cache, prefill, scale
             )
         return out

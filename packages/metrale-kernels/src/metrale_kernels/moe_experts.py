@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+
 ACTIVATIONS = ("silu",)
 
 
@@ -57,13 +59,17 @@ def fused_moe(
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     routed = hidden.index_select(0, token_ids)
     expert_out = torch.empty(routed.shape, dtype=torch.float32, device=hidden.device)
+    # On the CPU each expert's rows are padded to whole row tiles: a token's result does not
+    # depend on how many others chose its experts (:mod:`metrale_kernels.row_invariant`).
+    tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         rows = slice(start, start + count)
-        gate_up = routed[rows] @ w_gate_up[expert].T
-        expert_out[rows] = swiglu(gate_up, swiglu_limit) @ w_down[expert].T
+        gate_up = row_invariant_linear(routed[rows], w_gate_up[expert], None, tile)
+        activated = swiglu(gate_up, swiglu_limit)
+        expert_out[rows] = row_invariant_linear(activated, w_down[expert], None, tile)
         start += count
     expert_out *= topk_weights.flatten().index_select(0, order).float()[:, None]
     summed = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)

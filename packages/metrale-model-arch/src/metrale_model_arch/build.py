@@ -16,6 +16,7 @@ from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
 from metrale_model_arch.families.native_steps import use_native_steps
 from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
+from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks, dense
@@ -251,6 +252,8 @@ def build_model(
         model.get_submodule(module_name).register_buffer(leaf, table, persistent=False)
     # With the cpu backend's native ops already built, its one-call layer segments serve at once.
     use_native_steps(model)
+    if device.type == "cpu":
+        make_float_linears_row_invariant(model, dtype)
     return model.eval()
 
 

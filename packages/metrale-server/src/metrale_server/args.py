@@ -8,6 +8,7 @@ from metrale_config import read_bool_lever
 from metrale_server.speculative_config import SpeculativeConfig
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
+DEFAULT_BLOCK_SIZE = 16
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto`` (named here: importing model-arch
 # would import torch, and ``met --help`` should not wait for it).
@@ -32,9 +33,10 @@ class EngineArgs:
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
     ``tensor_parallel_size`` above 1 splits the model over that many ranks
     (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
-    ``quantization`` ``auto`` is ``q4`` for a Q4_1 GGUF and ``int8`` for other checkpoints on
-    a CPU where int8 matmuls beat float32 (AVX2, VNNI, AMX, arm64) serving a float32 model
-    whose type has an int8 path (q4: where the native cpu kernels run), ``none`` otherwise.
+    ``quantization`` ``auto`` keeps the checkpoint's format: ``q4`` for a Q4_1 GGUF (where the
+    native cpu kernels run it), ``none`` otherwise; ``int8`` and ``q4`` of float weights are
+    lossy and only ever asked for. ``dtype`` ``auto`` is the checkpoint's own where the device
+    computes it natively (:func:`metrale_server.devices.resolve_dtype`).
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
     kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++
@@ -46,7 +48,9 @@ class EngineArgs:
     quantization: str = "auto"
     device: str = "auto"
     kernel_backend: str = "auto"
-    block_size: int = 16
+    # None: DEFAULT_BLOCK_SIZE, or the least multiple of a paged DSA indexer's pool above it
+    # (:func:`metrale_server.memory.preflight.resolve_block_size`).
+    block_size: int | None = None
     max_seq_len: int | None = None
     max_batch_size: int | None = 256
     max_batch_tokens: int = 2048
@@ -70,11 +74,11 @@ class EngineArgs:
                 f"kernel_backend must be one of {', '.join(KERNEL_BACKEND_CHOICES)}, "
                 f"got {self.kernel_backend!r}"
             )
-        for name in ("block_size", "max_batch_tokens", "tensor_parallel_size"):
+        for name in ("max_batch_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        for name in ("max_seq_len", "num_kv_blocks", "max_batch_size"):
+        for name in ("block_size", "max_seq_len", "num_kv_blocks", "max_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

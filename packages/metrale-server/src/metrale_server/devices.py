@@ -34,11 +34,21 @@ def check_kernel_backend(spec: str, device: torch.device) -> None:
         raise ValueError(f"{error}; use --kernel-backend torch or auto") from None
 
 
-def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
-    """``auto`` is float32 on CPU (bf16 matmuls are slow there) and bfloat16 on CUDA."""
-    if spec == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[spec]
+def resolve_dtype(
+    spec: str, device: torch.device, config: ModelConfig | None = None
+) -> torch.dtype:
+    """``auto`` is the checkpoint's own dtype (``config.torch_dtype``) where the device computes
+    it natively: on CUDA bf16, fp16 and fp32 as saved (bf16 when the config names none, e.g. a
+    GGUF); on a CPU bf16 only where it has bf16 dot products (AVX512-BF16, AMX), else float32,
+    which holds a bf16 or fp16 weight exactly. Never a lossy cast the user did not ask for."""
+    if spec != "auto":
+        return DTYPES[spec]
+    saved = DTYPES.get(config.torch_dtype or "") if config is not None else None
+    if device.type == "cuda":
+        return saved if saved is not None else torch.bfloat16
+    if saved == torch.bfloat16 and cpu_features().bf16_dot:
+        return torch.bfloat16
+    return torch.float32
 
 
 # A GGUF's ggml types whose blocks q4 keeps bit for bit.
@@ -52,30 +62,59 @@ def resolve_quantization(
     config: ModelConfig,
     kernel_backend: str = "auto",
 ) -> Quantization:
-    """``auto`` is the fastest path measured for a float32 serve on a CPU where int8 matmuls
-    beat float32 (``CpuFeatures.int8_matmul``: AVX2 or better, arm64), of a model type with an
-    int8 path: ``q4`` for a GGUF whose projections are all Q4_1 (kept bit for bit, 5 bits a
-    weight to stream instead of 8) where the native cpu kernels run them and the blocks tile
-    every projection; ``int8`` otherwise. ``none`` elsewhere."""
+    """``auto`` keeps the checkpoint's own format: ``q4`` for a GGUF whose projections are all
+    Q4_1 (its blocks kept bit for bit) where the native cpu kernels run them and the blocks tile
+    every projection, a float32 serve on a CPU with int8 dot products or AVX2; ``none`` (the
+    weights in ``dtype``) for everything else. ``int8`` and ``q4`` of a float checkpoint are
+    lossy and only ever asked for (:func:`faster_format_hint` says when they would be faster)."""
     if spec != "auto":
         return Quantization(spec)
+    if _keeps_q4_blocks(device, dtype, config, kernel_backend):
+        return Quantization.Q4
+    return Quantization.NONE
+
+
+def _keeps_q4_blocks(
+    device: torch.device, dtype: torch.dtype, config: ModelConfig, kernel_backend: str
+) -> bool:
     record = ARCHITECTURES.get(config.model_type)
-    if not (
+    return (
         device.type == "cpu"
         and dtype == torch.float32
         and cpu_features().int8_matmul
         and record is not None
-        and record.int8_linears
-    ):
-        return Quantization.NONE
-    if (
-        config.gguf_projection_types
+        and bool(record.int8_linears)
+        and bool(config.gguf_projection_types)
         and set(config.gguf_projection_types) <= Q4_EXACT_GGML_TYPES
         and q4_support_error(config) is None
         and _runs_native_cpu_kernels(device, kernel_backend)
+    )
+
+
+# Measured with ``benches/format_quality.py`` (SmolLM2-135M, benches/data, all tokens): int8
+# weights cost +1.3% perplexity against float32 (22.435 vs 22.144).
+INT8_PERPLEXITY_COST = "+1.3% perplexity (SmolLM2-135M)"
+
+
+def faster_format_hint(
+    quantization: Quantization, device: torch.device, dtype: torch.dtype, config: ModelConfig
+) -> str | None:
+    """The flag that would serve this model faster (lossy, so never chosen by ``auto``), with
+    its measured cost; None where the chosen format is already the fast one."""
+    record = ARCHITECTURES.get(config.model_type)
+    if (
+        quantization != Quantization.NONE
+        or device.type != "cpu"
+        or dtype != torch.float32
+        or not cpu_features().int8_matmul
+        or record is None
+        or not record.int8_linears
     ):
-        return Quantization.Q4
-    return Quantization.INT8
+        return None
+    return (
+        "--quantization int8 would decode about 2x faster here (int8 weights, lossy: "
+        f"{INT8_PERPLEXITY_COST})"
+    )
 
 
 def _runs_native_cpu_kernels(device: torch.device, kernel_backend: str) -> bool:
@@ -83,6 +122,36 @@ def _runs_native_cpu_kernels(device: torch.device, kernel_backend: str) -> bool:
         return get_backend(device, kernel_backend).name == "cpu"
     except (BackendUnavailableError, ValueError):
         return False
+
+
+def format_choice_lines(
+    loaded: LoadedModel, *, quantization_flag: str, tensor_parallel_size: int = 1
+) -> list[str]:
+    """The boot log's word on the weight format: what ``auto`` kept and why, what a split over
+    ranks changes, and the flag that would be faster (with its cost) where there is one."""
+    split = tensor_parallel_size > 1
+    if quantization_flag != "auto":
+        lines = [f"weights: {loaded.quantization}, as --quantization asked"]
+    else:
+        kept = (
+            "the GGUF's Q4_1 blocks, bit for bit"
+            if loaded.quantization == Quantization.Q4
+            else f"the checkpoint's weights in {str(loaded.dtype).removeprefix('torch.')}"
+        )
+        lines = [f"weights: {loaded.quantization} (auto keeps {kept}; exact to the checkpoint)"]
+        gguf_types = set(loaded.config.gguf_projection_types)
+        if split and gguf_types and gguf_types <= Q4_EXACT_GGML_TYPES:
+            lines.append("q4 blocks do not split over tensor-parallel ranks: served dequantized")
+    if split and loaded.quantization == Quantization.INT8:
+        lines.append(
+            f"int8 weights over {tensor_parallel_size} ranks: each rank quantizes its own columns "
+            "of o_proj and down_proj, so logits differ slightly from one process's (float "
+            "weights split exactly)"
+        )
+    hint = faster_format_hint(loaded.quantization, loaded.device, loaded.dtype, loaded.config)
+    if hint is not None and not split:
+        lines.append(hint)
+    return lines
 
 
 def kernel_summary(loaded: LoadedModel) -> str:

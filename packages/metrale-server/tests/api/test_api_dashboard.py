@@ -1,10 +1,15 @@
 """The routes the dashboard reads (``/v1/server``, ``/v1/requests/recent``), and ``met top``'s
-poller against the real server."""
+poller and plain-text snapshot against the real server."""
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import sys
 from typing import Any
 
+from metrale_bench.server_process import free_port
 from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.tui.poller import HttpPoller
@@ -86,3 +91,76 @@ def test_the_poller_reads_a_real_server(server: Any) -> None:
 def test_the_poller_sees_draining(server: Any) -> None:
     with server.overridden(is_draining=True):
         assert HttpPoller(server.base_url).poll().status is Status.DRAINING
+
+
+# Seconds ``met top`` may take to print one snapshot: an interpreter start on a busy machine.
+TOP_TIMEOUT_S = 120
+
+
+def _met_top(*args: str, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "metrale_server", "top", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=TOP_TIMEOUT_S,
+    )
+
+
+def _finished_requests(server: Any) -> int:
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in server.client.get("/metrics").text.splitlines()
+        if line.startswith("metrale_request_success_total{")
+    )
+
+
+def test_met_top_without_a_terminal_prints_one_snapshot_and_exits(server: Any) -> None:
+    server.client.post(
+        "/v1/completions",
+        json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 3, "ignore_eos": True},
+    )
+    server.wait_idle()
+    finished = _finished_requests(server)
+    result = _met_top("--url", server.base_url)  # stdout is a pipe
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"metrale SERVING at {server.base_url}"
+    fields = {line.split(" ", 1)[0]: line.split(" ", 1)[1].strip() for line in lines[1:]}
+    assert fields["model"] == "tiny-llama (float32 on cpu)"
+    assert fields["requests"].startswith(f"running 0, waiting 0, finished {finished} (")
+    assert "prompt" in fields["tokens"]
+    assert f"of {server.engine.num_kv_blocks} blocks" in fields["KV"]
+    assert "\x1b" not in result.stdout  # plain text: no terminal control sequences
+
+
+def test_met_top_once_on_a_terminal_prints_the_snapshot_too(server: Any) -> None:
+    primary, secondary = pty.openpty()
+    try:
+        result = _met_top("--url", server.base_url, "--once", stdout=secondary)
+        os.close(secondary)
+        secondary = -1
+        output = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    assert result.returncode == 0, result.stderr
+    assert output.decode().startswith(f"metrale SERVING at {server.base_url}")
+
+
+def test_met_top_without_a_server_says_so_and_exits_one() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = _met_top("--url", url)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert f"met top: no server answers at {url}" in result.stderr

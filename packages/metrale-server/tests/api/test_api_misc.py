@@ -14,6 +14,7 @@ METRIC_NAMES = [
     "metrale_num_requests_waiting",
     "metrale_kv_cache_usage_perc",
     "metrale_prompt_tokens_total",
+    "metrale_prompt_tokens_cached_total",
     "metrale_generation_tokens_total",
     "metrale_time_to_first_token_seconds_bucket",
     "metrale_time_per_output_token_seconds_bucket",
@@ -136,7 +137,8 @@ def test_metrics_names_and_counts_move(server: Any) -> None:
     length_before = server.metric("metrale_request_success_total", 'finished_reason="length"')
     body = {"prompt": [11, 12, 13, 14], "max_tokens": 6, "ignore_eos": True, "n": 2}
     assert server.client.post("/v1/completions", json=body).status_code == 200
-    assert server.metric("metrale_prompt_tokens_total") >= before["metrale_prompt_tokens_total"] + 4
+    # Once per request, however many outputs it asks for.
+    assert server.metric("metrale_prompt_tokens_total") == before["metrale_prompt_tokens_total"] + 4
     assert (
         server.metric("metrale_generation_tokens_total")
         == before["metrale_generation_tokens_total"] + 12
@@ -155,3 +157,17 @@ def test_metrics_names_and_counts_move(server: Any) -> None:
     )
     assert server.metric("metrale_num_requests_running") == 0
     assert server.metric("metrale_kv_cache_usage_perc") == 0.0
+
+
+def test_prompt_tokens_count_cached_ones_too(server: Any) -> None:
+    # Prefix caching is on by default: the second request reuses the first one's full blocks.
+    server.wait_idle()
+    total_before = server.metric("metrale_prompt_tokens_total")
+    cached_before = server.metric("metrale_prompt_tokens_cached_total")
+    body = {"prompt": " ".join(f"metric{i}" for i in range(40)), "max_tokens": 2}
+    usages = [server.client.post("/v1/completions", json=body).json()["usage"] for _ in range(2)]
+    num_prompt = usages[0]["prompt_tokens"]
+    cached = usages[1]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16
+    assert server.metric("metrale_prompt_tokens_total") == total_before + 2 * num_prompt
+    assert server.metric("metrale_prompt_tokens_cached_total") == cached_before + cached

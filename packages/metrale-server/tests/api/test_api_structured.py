@@ -87,6 +87,27 @@ def test_json_object_starts_an_object(server: RunningServer) -> None:
         assert isinstance(json.loads(text), dict)
 
 
+def test_json_object_cut_short_says_so(server: RunningServer) -> None:
+    # The grammar bounds what is written, not how long: max_tokens cuts an object mid-way.
+    choices = chat(
+        server, n=8, seed=5, temperature=1.0, max_tokens=3, response_format={"type": "json_object"}
+    )["choices"]
+    for choice in choices:
+        text = choice["message"]["content"]
+        if choice["finish_reason"] == "length":
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(text)
+        else:
+            assert choice["finish_reason"] == "stop", choice
+            assert isinstance(json.loads(text), dict)
+    assert any(choice["finish_reason"] == "length" for choice in choices)
+    # A stop string still applies to constrained text, and ends it with finish_reason stop.
+    [cut] = chat(server, seed=5, stop=["{"], response_format={"type": "json_object"})["choices"]
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", "{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut["message"]["content"])
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_regex_and_choice_match(server: RunningServer, seed: int) -> None:
     pattern = r"[0-9]{3}-[0-9]{4}"

@@ -1,12 +1,15 @@
 import os
 import shutil
+from types import SimpleNamespace
+from typing import cast
 
+import attrs
 import pytest
 import torch
 
 from metrale_config import ModelConfig
 from metrale_kernels.cpu_features import CpuFeatures
-from metrale_model_arch import QUANTIZATION_NAMES, Quantization
+from metrale_model_arch import QUANTIZATION_NAMES, LoadedModel, Quantization
 from metrale_server import EngineArgs, devices
 from metrale_server.args import QUANTIZATION_CHOICES
 from metrale_server.devices import resolve_device, resolve_dtype, resolve_quantization
@@ -20,9 +23,39 @@ def test_auto_is_cpu_float32_without_cuda() -> None:
     assert resolve_dtype("auto", device) is torch.float32
 
 
-def test_auto_dtype_is_bfloat16_on_cuda() -> None:
-    assert resolve_dtype("auto", torch.device("cuda")) is torch.bfloat16
-    assert resolve_dtype("float16", torch.device("cpu")) is torch.float16
+def dtype_config(torch_dtype: str | None) -> ModelConfig:
+    return attrs.evolve(q4_tileable_config(gguf_projection_types=()), torch_dtype=torch_dtype)
+
+
+@pytest.mark.parametrize(
+    ("saved", "features", "expected"),
+    [
+        ("float32", "VNNI", torch.float32),
+        ("bfloat16", "AVX512_BF16", torch.bfloat16),  # computed natively: kept
+        ("bfloat16", "VNNI", torch.float32),  # no bf16 dot products: float32 holds it exactly
+        ("float16", "AVX512_BF16", torch.float32),
+        (None, "AVX512_BF16", torch.float32),  # a GGUF names none
+    ],
+)
+def test_auto_dtype_on_a_cpu_is_the_checkpoints_where_it_computes_natively(
+    monkeypatch: pytest.MonkeyPatch, saved: str | None, features: str, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(devices, "cpu_features", lambda: globals()[features])
+    assert resolve_dtype("auto", torch.device("cpu"), dtype_config(saved)) is expected
+    assert resolve_dtype("float16", torch.device("cpu"), dtype_config(saved)) is torch.float16
+
+
+@pytest.mark.parametrize(
+    ("saved", "expected"),
+    [
+        ("bfloat16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("float32", torch.float32),
+        (None, torch.bfloat16),
+    ],
+)
+def test_auto_dtype_on_cuda_is_the_checkpoints(saved: str | None, expected: torch.dtype) -> None:
+    assert resolve_dtype("auto", torch.device("cuda"), dtype_config(saved)) is expected
 
 
 def test_cuda_without_a_device_is_refused() -> None:
@@ -38,6 +71,9 @@ def test_unknown_device_type_is_refused() -> None:
 
 
 VNNI = CpuFeatures(flags=frozenset({"avx2", "avx512f", "avx512_vnni"}), machine="x86_64")
+AVX512_BF16 = CpuFeatures(
+    flags=frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}), machine="x86_64"
+)
 AVX2_ONLY = CpuFeatures(flags=frozenset({"avx2", "fma"}), machine="x86_64")
 NO_AVX2 = CpuFeatures(flags=frozenset({"sse4_2", "avx"}), machine="x86_64")
 
@@ -45,15 +81,16 @@ NO_AVX2 = CpuFeatures(flags=frozenset({"sse4_2", "avx"}), machine="x86_64")
 @pytest.mark.parametrize(
     ("features", "device", "dtype", "model_type", "expected"),
     [
-        (VNNI, "cpu", torch.float32, "llama", Quantization.INT8),
-        (AVX2_ONLY, "cpu", torch.float32, "llama", Quantization.INT8),
+        # auto never requantizes a float checkpoint: int8 is lossy, asked for only.
+        (VNNI, "cpu", torch.float32, "llama", Quantization.NONE),
+        (AVX2_ONLY, "cpu", torch.float32, "llama", Quantization.NONE),
         (NO_AVX2, "cpu", torch.float32, "llama", Quantization.NONE),
         (VNNI, "cpu", torch.bfloat16, "llama", Quantization.NONE),
         (VNNI, "cuda", torch.float32, "llama", Quantization.NONE),
         (VNNI, "cpu", torch.float32, "qwen3_moe", Quantization.NONE),
     ],
 )
-def test_auto_quantization_is_int8_only_where_it_is_the_fast_path(
+def test_auto_quantization_keeps_a_float_checkpoint_float(
     monkeypatch: pytest.MonkeyPatch,
     features: CpuFeatures,
     device: str,
@@ -104,11 +141,11 @@ def q4_tileable_config(**changes: object) -> ModelConfig:
     [
         ({}, "auto", Quantization.Q4),
         ({}, "cpu", Quantization.Q4),
-        ({}, "torch", Quantization.INT8),  # the reference q4 op dequantizes every call
-        ({"gguf_projection_types": ("Q4_1", "Q6_K")}, "auto", Quantization.INT8),
-        ({"gguf_projection_types": ("Q4_0",)}, "auto", Quantization.INT8),  # not kept exactly
-        ({"gguf_projection_types": ()}, "auto", Quantization.INT8),  # safetensors
-        ({"intermediate_size": 48}, "auto", Quantization.INT8),  # not whole blocks of 32
+        ({}, "torch", Quantization.NONE),  # the reference q4 op dequantizes every call
+        ({"gguf_projection_types": ("Q4_1", "Q6_K")}, "auto", Quantization.NONE),
+        ({"gguf_projection_types": ("Q4_0",)}, "auto", Quantization.NONE),  # not kept exactly
+        ({"gguf_projection_types": ()}, "auto", Quantization.NONE),  # safetensors
+        ({"intermediate_size": 48}, "auto", Quantization.NONE),  # not whole blocks of 32
     ],
 )
 def test_auto_quantization_is_q4_for_a_q4_1_gguf_on_the_native_kernels(
@@ -132,3 +169,33 @@ def test_quantization_choices_are_the_model_layers_formats() -> None:
     assert ("auto", *QUANTIZATION_NAMES) == QUANTIZATION_CHOICES
     with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, q4"):
         EngineArgs(quantization="int4")
+
+
+def test_the_boot_log_says_what_auto_kept_and_the_faster_lossy_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(devices, "cpu_features", lambda: AVX2_ONLY)
+    config = dtype_config("float32")
+    loaded = cast(
+        "LoadedModel",
+        SimpleNamespace(
+            quantization=Quantization.NONE,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            config=config,
+        ),
+    )
+    lines = devices.format_choice_lines(loaded, quantization_flag="auto")
+    assert (
+        lines[0] == "weights: none (auto keeps the checkpoint's weights in float32; exact to "
+        "the checkpoint)"
+    )
+    assert "--quantization int8" in lines[1]
+    assert "perplexity" in lines[1]
+    asked = devices.format_choice_lines(loaded, quantization_flag="none")
+    assert asked == ["weights: none, as --quantization asked", lines[1]]
+    split = attrs.evolve(config, gguf_projection_types=("Q4_1",))
+    loaded.config = split  # type: ignore[misc]
+    lines = devices.format_choice_lines(loaded, quantization_flag="auto", tensor_parallel_size=2)
+    assert "do not split" in lines[1]
+    assert len(lines) == 2

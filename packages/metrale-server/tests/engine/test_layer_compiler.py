@@ -33,6 +33,11 @@ def test_enforce_eager_still_prepares_a_cold_cpu_backend(tiny_model_dir: Path) -
     assert cold.needs_prepare()
     compiler = LayerCompiler.start_if_useful(model, enforce_eager=True)
     assert compiler is not None
+    assert compiler.builds_kernels
+    # What met serve waits for before it says ready: the ops built, the native steps in.
+    assert compiler.prepared.wait(timeout=300)
+    assert cold.native is not None
+    assert uses_native_steps(model)
     compiler.wait(timeout=300)
     assert compiler.error is None
     assert cold.native is not None

@@ -4,11 +4,17 @@ Shared by the GPU tests and ``benches/cuda_check.py``: a case builds its inputs 
 generator, runs the op through :class:`TorchBackend` and :class:`CupyBackend` on the same
 device, and reports the largest difference against the dtype's tolerance. Paged caches are
 NaN-poisoned everywhere except the slots that hold a sequence's context.
+
+A case in which the backend reaches any of :class:`KernelBackend`'s own methods (the reference
+ops: a fallback through ``super()``, or an op it has no kernel for) fails whatever the
+difference, since the reference would then be compared with itself.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -26,14 +32,18 @@ class ParityResult:
     case: str
     max_error: float  # max |got - want| / (1 + |want|)
     tolerance: float
+    fallbacks: tuple[str, ...] = ()  # the reference ops the backend reached, in call order
 
     @property
     def is_ok(self) -> bool:
         # NaN anywhere makes the error NaN, which fails this comparison.
-        return self.max_error <= self.tolerance
+        return not self.fallbacks and self.max_error <= self.tolerance
 
     def line(self) -> str:
-        status = "ok" if self.is_ok else "MISMATCH"
+        if self.fallbacks:
+            status = f"FALLBACK to the reference: {', '.join(self.fallbacks)}"
+        else:
+            status = "ok" if self.is_ok else "MISMATCH"
         error = f"max |diff|/(1+|ref|) {self.max_error:.3g} (tol {self.tolerance:g})"
         return f"{self.case:<48} {error} {status}"
 
@@ -318,19 +328,52 @@ CASES: dict[str, Case] = {
 }
 
 
-def run_case(name: str, dtype: torch.dtype, device: torch.device | str = "cuda") -> ParityResult:
-    from metrale_kernels.cuda.backend import CupyBackend
+def _reference_op(name: str, reached: list[str]) -> Callable[..., Any]:
+    reference = getattr(KernelBackend, name)
 
-    device = torch.device(device)
-    error = CASES[name](TorchBackend(), CupyBackend(), dtype, device)
-    tolerance = TOLERANCE[dtype]
-    if name == "write_kv":
-        tolerance = 0.0
+    def op(self: KernelBackend, *args: Any, **kwargs: Any) -> Any:
+        reached.append(name)
+        return reference(self, *args, **kwargs)
+
+    return op
+
+
+def watch_reference_ops(backend: KernelBackend, reached: list[str]) -> KernelBackend:
+    """A shallow copy of ``backend`` that appends to ``reached`` the name of each of
+    :class:`KernelBackend`'s methods it calls: through ``super()`` or by inheritance, a method
+    of its own class runs first (its kernel), the base class's after (the reference)."""
+    tripwires = {
+        name: _reference_op(name, reached)
+        for name, member in vars(KernelBackend).items()
+        if callable(member) and not name.startswith("_")
+    }
+    # Between the backend's class and KernelBackend in the MRO: ``super()`` lands here.
+    tripwire = type("ReferenceTripwire", (KernelBackend,), tripwires)
+    watched_class = type(f"Watched{type(backend).__name__}", (type(backend), tripwire), {})
+    watched = copy.copy(backend)
+    watched.__class__ = watched_class
+    return watched
+
+
+def check_case(
+    name: str, dtype: torch.dtype, backend: KernelBackend, device: torch.device | str
+) -> ParityResult:
+    """Case ``name`` of :data:`CASES`: ``backend`` against :class:`TorchBackend`."""
+    reached: list[str] = []
+    watched = watch_reference_ops(backend, reached)
+    error = CASES[name](TorchBackend(), watched, dtype, torch.device(device))
     return ParityResult(
         case=f"{name} [{str(dtype).removeprefix('torch.')}]",
         max_error=error,
-        tolerance=tolerance,
+        tolerance=0.0 if name == "write_kv" else TOLERANCE[dtype],
+        fallbacks=tuple(dict.fromkeys(reached)),
     )
+
+
+def run_case(name: str, dtype: torch.dtype, device: torch.device | str = "cuda") -> ParityResult:
+    from metrale_kernels.cuda.backend import CupyBackend
+
+    return check_case(name, dtype, CupyBackend(), device)
 
 
 def run_all(device: torch.device | str = "cuda") -> list[ParityResult]:

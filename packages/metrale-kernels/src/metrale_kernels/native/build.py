@@ -3,25 +3,31 @@
 The sources are compiled with ``-march=native``, so the instruction set is the CPU's own
 (AVX-512 VNNI, AVX2 or plain C, chosen by the preprocessor), against the running torch's
 headers, and loaded with ``torch.ops.load_library`` (its torch libraries resolve to the ones
-already loaded). A build is cached under a key of everything it depends on (sources, flags,
-compiler, torch, the CPU's flags), so a second start loads it in milliseconds; two processes
-building at once each write their own file and rename it in place.
+already loaded). Each source compiles on its own (one compiler per CPU this process may use,
+each source logged as it ends: a cold build takes tens of seconds), then they are linked. A
+build is cached under a key of everything it depends on (sources, flags, compiler, torch, the
+CPU's flags), so a second start loads it in milliseconds; two processes building at once each
+write their own file and rename it in place.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
 
 from metrale_kernels.cpu_features import cpu_features
 
+logger = logging.getLogger("metrale.kernels")
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("int8_mm.cpp", "q4_mm.cpp", "paged_decode.cpp", "llama_layer.cpp")
 HEADERS = ("decode_attention.h", "int8_mm.h", "q4_mm.h", "two_digits.h", "vec_math.h")
@@ -33,7 +39,6 @@ FLAGS = (
     "-O3",
     "-std=c++17",
     "-fPIC",
-    "-shared",
     "-fopenmp",
     "-fno-math-errno",
     "-ffp-contract=off",
@@ -89,9 +94,8 @@ def build_key(cxx: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _command(cxx: str, output: Path) -> list[str]:
-    torch_dir = Path(torch.__file__).parent
-    include = torch_dir / "include"
+def _compile_command(cxx: str, source: str, output: Path) -> list[str]:
+    include = Path(torch.__file__).parent / "include"
     abi = int(torch.compiled_with_cxx11_abi())
     return [
         cxx,
@@ -100,13 +104,41 @@ def _command(cxx: str, output: Path) -> list[str]:
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{include}",
         f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
-        *(str(SOURCE_DIR / name) for name in SOURCES),
+        "-c",
+        str(SOURCE_DIR / source),
         "-o",
         str(output),
-        f"-L{torch_dir / 'lib'}",
+    ]
+
+
+def _link_command(cxx: str, objects: list[Path], output: Path) -> list[str]:
+    torch_lib = Path(torch.__file__).parent / "lib"
+    return [
+        cxx,
+        *FLAGS,
+        march_flag(),
+        "-shared",
+        *(str(path) for path in objects),
+        "-o",
+        str(output),
+        f"-L{torch_lib}",
         "-lc10",
         "-ltorch_cpu",
     ]
+
+
+def build_jobs() -> int:
+    """How many sources compile at once: the CPUs this process may run on, at most one per
+    source."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(len(SOURCES), cpus or 1))
+
+
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-12:])
+        raise NativeBuildError(f"{what} failed:\n{tail}")
 
 
 def library_path(cache_dir: Path | None = None) -> Path:
@@ -125,19 +157,26 @@ def build_library(cache_dir: Path | None = None) -> tuple[Path, bool]:
     path = library_path(cache_dir)
     if path.exists():
         return path, True
-    cache_dir = path.parent
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(dir=cache_dir, prefix=f".{LIBRARY_STEM}-", suffix=".so")
-    os.close(handle)
-    try:
-        done = subprocess.run(
-            _command(compiler(), Path(partial)), capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-12:])
-            raise NativeBuildError(f"compiling the native CPU ops failed:\n{tail}")
+    cxx = compiler()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{LIBRARY_STEM}-") as scratch:
+        objects = {name: Path(scratch) / f"{Path(name).stem}.o" for name in SOURCES}
+        with ThreadPoolExecutor(build_jobs(), thread_name_prefix="metrale-native-cc") as pool:
+            compiles = {
+                pool.submit(_run, _compile_command(cxx, name, output), f"compiling {name}"): name
+                for name, output in objects.items()
+            }
+            for count, compiled in enumerate(as_completed(compiles), start=1):
+                compiled.result()
+                logger.info(
+                    "native CPU ops: compiled %s (%d/%d sources, %.0f s)",
+                    compiles[compiled],
+                    count,
+                    len(SOURCES),
+                    time.perf_counter() - started,
+                )
+        partial = Path(scratch) / path.name
+        _run(_link_command(cxx, list(objects.values()), partial), "linking the native CPU ops")
         os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
     return path, False

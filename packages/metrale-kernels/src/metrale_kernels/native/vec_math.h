@@ -77,6 +77,22 @@ inline void shifted_exp(float* x, int64_t n, float shift) {
       p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
     _mm512_storeu_ps(x + i, _mm512_scalef_ps(p, k));
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  // The same steps as AVX-512's; 2^k built in the exponent bits (k in [-126, 127] here).
+  const __m256 shift_v = _mm256_set1_ps(shift), lowest = _mm256_set1_ps(kLowest);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift_v), lowest);
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(kLog2e)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Hi)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(k, _mm256_set1_ps(kLn2Lo)));
+    __m256 p = _mm256_set1_ps(1.f / 5040.f);
+    for (const float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f})
+      p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+  }
 #endif
   for (; i < n; ++i) {
     const float v = std::max(x[i] - shift, kLowest);

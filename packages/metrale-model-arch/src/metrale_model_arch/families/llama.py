@@ -19,6 +19,7 @@ from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
 from metrale_model_arch.families.int8_layers import Int8Linear
 from metrale_model_arch.families.rotary import rope_cos_sin_table
+from metrale_model_arch.families.row_invariant_layers import head_logits
 from metrale_model_arch.loading.mapping import CheckpointMapping, TensorTarget
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
@@ -275,10 +276,7 @@ class LlamaForCausalLM(CausalLM):
         if isinstance(self.lm_head, Int8Linear):
             quantized: torch.Tensor = self.lm_head(hidden, out=out)
             return quantized
-        if out is None:
-            logits: torch.Tensor = self.lm_head(hidden)
-            return logits
-        return torch.mm(hidden, self.lm_head.weight.t(), out=out)
+        return head_logits(self.lm_head, hidden, out)
 
 
 def llama_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:

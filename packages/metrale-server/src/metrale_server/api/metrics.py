@@ -1,7 +1,11 @@
 """Prometheus metrics named after vLLM's (``metrale_*``), one registry per app.
 
-Gauges and engine-wide counters are read from the engine at scrape time; latency histograms
-and finished-request counts are recorded by the API as requests end.
+Gauges and engine-wide counters are read from the engine at scrape time; latency histograms,
+finished-request counts and prompt tokens are recorded by the API from each request's outputs.
+As vLLM's ``prompt_tokens`` and ``prompt_tokens_cached``, ``metrale_prompt_tokens_total``
+counts every prompt token of a request once, when its first output token arrives, and
+``metrale_prompt_tokens_cached_total`` those of them its prefix-cache hit supplied (the
+tokens prefill computed are the difference; a preempted request's recompute is not counted).
 """
 
 from __future__ import annotations
@@ -74,11 +78,6 @@ class _EngineCollector(Collector):
         for owner, size in sorted(engine.ledger.live_bytes_by_owner().items()):
             ledger.add_metric([*self._labels, owner], size)
         yield ledger
-        yield self._counter(
-            "metrale_prompt_tokens",
-            "Prompt tokens computed (prefill).",
-            stats.num_prompt_tokens_computed,
-        )
         yield self._counter(
             "metrale_generation_tokens", "Tokens generated.", stats.num_generated_tokens
         )
@@ -157,6 +156,18 @@ class ServerMetrics:
             buckets=E2E_BUCKETS_S,
             registry=self.registry,
         ).labels(model_name)
+        self.prompt_tokens = Counter(
+            "metrale_prompt_tokens",
+            "Prompt tokens of the requests that began generating, cached or computed.",
+            labels,
+            registry=self.registry,
+        ).labels(model_name)
+        self.prompt_tokens_cached = Counter(
+            "metrale_prompt_tokens_cached",
+            "Prompt tokens of those requests that the prefix cache supplied.",
+            labels,
+            registry=self.registry,
+        ).labels(model_name)
         self._request_success = Counter(
             "metrale_request_success",
             "Finished outputs by finish reason.",
@@ -190,6 +201,8 @@ class RequestTracker:
         if self._first_token_at is None and any(o.delta_token_ids for o in output.outputs):
             self._first_token_at = now
             self._metrics.time_to_first_token.observe(now - self._arrival)
+            self._metrics.prompt_tokens.inc(len(output.prompt_token_ids))
+            self._metrics.prompt_tokens_cached.inc(output.num_cached_tokens)
         if output.finished and not self._is_recorded:
             self._is_recorded = True
             self._metrics.recent_requests.add(

@@ -13,6 +13,7 @@ from typing import TextIO
 import click
 
 from metrale_server.cli.common import CONTEXT
+from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.tui.chat_backends import ChatBackend, ChatError, Message
 
 USER_PROMPT = "you> "
@@ -119,26 +120,29 @@ def _stream_reply(backend: ChatBackend, messages: list[Message], out: TextIO) ->
     show_default=True,
     help="Sampling temperature; 0 is greedy.",
 )
+@plan_options
 def chat(
     url: str | None,
     model: str | None,
+    plan: PlanOptions,
     api_key: str | None,
     system: str | None,
     max_tokens: int,
     temperature: float,
 ) -> None:
-    """Chat in the terminal; replies stream. /reset forgets the conversation, /exit quits."""
+    """Chat in the terminal; replies stream. /reset forgets the conversation, /exit quits.
+
+    With --model the engine runs here, shaped by the same engine flags as met serve's."""
     if url is not None and model is not None:
         raise click.UsageError("give --url or --model, not both")
     from metrale_server.tui.chat_backends import EngineChatBackend, HttpChatBackend
 
     backend: ChatBackend
     if model is not None:
-        from metrale_server.args import EngineArgs
         from metrale_server.engine.engine import Engine
 
         try:
-            engine = Engine(EngineArgs(model=model))
+            engine = Engine(plan.engine_args(model))
         except (ValueError, OSError) as error:
             raise click.ClickException(str(error)) from error
         backend = EngineChatBackend(

@@ -7,31 +7,27 @@ from typing import TextIO
 
 import click
 
-from metrale_server.args import DTYPE_NAMES
+from metrale_server.args import EngineArgs
 from metrale_server.cli.common import CONTEXT, MODEL_HELP
+from metrale_server.cli.plan_options import PlanOptions, plan_options
 
 
 def run_generate(
     prompt: str,
     *,
-    model: str | None,
+    engine_args: EngineArgs,
     chat: bool,
     max_tokens: int,
     temperature: float,
     seed: int | None,
-    dtype: str,
-    device: str,
     out: TextIO,
 ) -> None:
     """Errors reach the user as ``ValueError`` (``RequestError`` included) or ``OSError``."""
-    from metrale_server.args import EngineArgs
     from metrale_server.engine.core import RequestError
     from metrale_server.engine.engine import Engine
     from metrale_server.sampling.params import SamplingParams
 
-    # One short generation ends long before a compile would: never start one.
-    args = EngineArgs(model=model, dtype=dtype, device=device, max_batch_size=1, enforce_eager=True)
-    engine = Engine(args)
+    engine = Engine(engine_args)
     loaded = engine.loaded
     if chat:
         text = loaded.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -53,6 +49,7 @@ def run_generate(
 @click.command(context_settings=CONTEXT)
 @click.argument("prompt")
 @click.option("--model", "-m", default=None, help=MODEL_HELP)
+@plan_options
 @click.option(
     "--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template."
 )
@@ -71,35 +68,25 @@ def run_generate(
     help="Sampling temperature; 0 is greedy.",
 )
 @click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same text).")
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", *DTYPE_NAMES]),
-    default="auto",
-    show_default=True,
-    help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
-)
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 def generate(
     prompt: str,
     model: str | None,
+    plan: PlanOptions,
     chat: bool,
     max_tokens: int,
     temperature: float,
     seed: int | None,
-    dtype: str,
-    device: str,
 ) -> None:
-    """Print the model's continuation of PROMPT."""
+    """Print the model's continuation of PROMPT (the engine flags are met serve's)."""
     try:
         run_generate(
             prompt,
-            model=model,
+            # One generation ends long before a background compile would: never start one.
+            engine_args=plan.engine_args(model, seed=seed or 0, enforce_eager=True),
             chat=chat,
             max_tokens=max_tokens,
             temperature=temperature,
             seed=seed,
-            dtype=dtype,
-            device=device,
             out=sys.stdout,
         )
     except (ValueError, OSError) as error:

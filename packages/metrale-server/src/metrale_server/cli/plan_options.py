@@ -13,7 +13,12 @@ from typing import Any, TypeVar
 import attrs
 import click
 
-from metrale_server.args import DTYPE_NAMES, QUANTIZATION_CHOICES, EngineArgs
+from metrale_server.args import (
+    DTYPE_NAMES,
+    KERNEL_BACKEND_CHOICES,
+    QUANTIZATION_CHOICES,
+    EngineArgs,
+)
 from metrale_server.speculative_config import SpeculativeConfig
 
 _DEFAULTS = EngineArgs()
@@ -42,7 +47,7 @@ class BatchSizeType(click.ParamType):  # type: ignore[type-arg]
 @attrs.frozen(kw_only=True)
 class PlanOptions:
     max_seq_len: int | None
-    block_size: int
+    block_size: int | None
     gpu_memory_utilization: float
     max_batch_size: int | None
     max_prefill_tokens: int
@@ -53,6 +58,9 @@ class PlanOptions:
     device: str
     speculative_config: SpeculativeConfig | None
     tensor_parallel_size: int
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    kernel_backend: str
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -69,7 +77,12 @@ class PlanOptions:
             gpu_memory_utilization=self.gpu_memory_utilization,
             speculative_config=self.speculative_config,
             tensor_parallel_size=self.tensor_parallel_size,
-            **fields,
+            **{
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enforce_eager": self.enforce_eager,
+                "kernel_backend": self.kernel_backend,
+                **fields,
+            },
         )
 
 
@@ -101,9 +114,9 @@ def plan_options(command: F) -> F:
         click.option(
             "--block-size",
             type=click.IntRange(min=1),
-            default=_DEFAULTS.block_size,
-            show_default=True,
-            help="Tokens per KV-cache block.",
+            default=None,
+            help="Tokens per KV-cache block. Default: 16, or with GLM-5.3's paged DSA indexer "
+            "the least multiple of index_kpool not below 16.",
         ),
         click.option(
             "--gpu-memory-utilization",
@@ -151,7 +164,9 @@ def plan_options(command: F) -> F:
             type=click.Choice(["auto", *DTYPE_NAMES]),
             default="auto",
             show_default=True,
-            help="Activation and weight dtype; auto is float32 on CPU, bfloat16 on CUDA.",
+            help="Activation and weight dtype. auto: the checkpoint's own where the device "
+            "computes it natively (bf16 on a CPU only with AVX512-BF16 or AMX), else float32 "
+            "on the CPU; bfloat16 on CUDA for a checkpoint that names none (GGUF).",
         ),
         click.option(
             "--quantization",
@@ -159,13 +174,38 @@ def plan_options(command: F) -> F:
             type=click.Choice(QUANTIZATION_CHOICES),
             default=_DEFAULTS.quantization,
             show_default=True,
-            help="Weight format of the projections, embeddings and head. int8: int8 weights "
-            "per output row (a quarter of float32's bytes) times activations in two int8 "
-            "digits. q4: the layers' projections in 4-bit blocks of 32 (GGUF's Q4_1, 5 bits a "
-            "weight; a Q4_1 GGUF's blocks kept bit for bit), embeddings and head int8. auto: "
-            "q4 for a Q4_1 GGUF (with the native cpu kernels), int8 for other checkpoints, on "
-            "a CPU with AVX2, VNNI, AMX or arm64 for a float32 serve; none (the --dtype "
-            "weights) otherwise.",
+            help="Weight format of the projections, embeddings and head. auto keeps the "
+            "checkpoint's own: a Q4_1 GGUF's blocks as q4 (with the native cpu kernels), any "
+            "other checkpoint as none (its weights in --dtype). int8 (lossy, asked for only): "
+            "int8 weights per output row (a quarter of float32's bytes) times activations in two "
+            "int8 digits, about 2x faster decode on a CPU with AVX2 or better. q4: the layers' "
+            "projections in 4-bit blocks of 32 (GGUF's Q4_1, 5 bits a weight), embeddings and "
+            "head int8.",
+        ),
+        click.option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            default=_DEFAULTS.enable_prefix_caching,
+            show_default=True,
+            help="Reuse the KV blocks of prompt prefixes computed before (usage reports them as "
+            "prompt_tokens_details.cached_tokens).",
+        ),
+        click.option(
+            "--enforce-eager",
+            is_flag=True,
+            default=_DEFAULTS.enforce_eager,
+            help="Never compile the layer steps with torch.compile (by default a dense "
+            "llama-family model on the CPU compiles them in the background while eager steps "
+            "serve).",
+        ),
+        click.option(
+            "--kernel-backend",
+            type=click.Choice(KERNEL_BACKEND_CHOICES),
+            default=_DEFAULTS.kernel_backend,
+            show_default=True,
+            help="What runs attention, norms, rotary and the other ops: torch (the reference), "
+            "cpu (native C++ kernels for int8/q4 matmuls and attention, built on this machine; "
+            "needs a C++ compiler), cupy (CUDA kernels; needs a CUDA device and CuPy), auto "
+            "(cupy on CUDA where CuPy can run, cpu on a CPU with a compiler).",
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."

@@ -12,7 +12,7 @@ import attrs
 import click
 
 from metrale_config import read_int_lever
-from metrale_server.args import KERNEL_BACKEND_CHOICES, EngineArgs
+from metrale_server.args import EngineArgs
 from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
@@ -47,30 +47,6 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     default=None,
     help="The model name clients send and /v1/models lists. Default: MODEL as given, or the "
     "GGUF file's stem.",
-)
-@click.option(
-    "--enable-prefix-caching/--no-enable-prefix-caching",
-    default=_ENGINE_DEFAULTS.enable_prefix_caching,
-    show_default=True,
-    help="Reuse the KV blocks of prompt prefixes computed before (usage reports them as "
-    "prompt_tokens_details.cached_tokens).",
-)
-@click.option(
-    "--enforce-eager",
-    is_flag=True,
-    default=_ENGINE_DEFAULTS.enforce_eager,
-    help="Never compile the layer steps with torch.compile (by default a dense llama-family "
-    "model on the CPU compiles them in the background while eager steps serve).",
-)
-@click.option(
-    "--kernel-backend",
-    type=click.Choice(KERNEL_BACKEND_CHOICES),
-    default=_ENGINE_DEFAULTS.kernel_backend,
-    show_default=True,
-    help="What runs attention, norms, rotary and the other ops: torch (the reference), cpu "
-    "(native C++ kernels for int8 decode matmuls and decode attention, built on this machine; "
-    "needs a C++ compiler), cupy (CUDA kernels; needs a CUDA device and CuPy), auto (cupy on "
-    "CUDA where CuPy can run, cpu on a CPU with a compiler).",
 )
 @click.option(
     "--api-key",
@@ -152,9 +128,6 @@ def serve(
     host: str,
     port: int,
     served_model_name: str | None,
-    enable_prefix_caching: bool,
-    enforce_eager: bool,
-    kernel_backend: str,
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
     request_timeout: float,
@@ -207,7 +180,7 @@ def serve(
     except (ValueError, RuntimeError) as error:
         raise click.BadParameter(str(error), param_hint="'--device'") from error
     try:
-        check_kernel_backend(kernel_backend, device)
+        check_kernel_backend(plan.kernel_backend, device)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="'--kernel-backend'") from error
     plan = _join_launcher(plan)
@@ -222,13 +195,7 @@ def serve(
     except (ValueError, OSError) as error:
         raise click.ClickException(str(error)) from error
     args = ServeArgs(
-        engine_args=plan.engine_args(
-            model,
-            enable_prefix_caching=enable_prefix_caching,
-            enforce_eager=enforce_eager,
-            kernel_backend=kernel_backend,
-            seed=seed,
-        ),
+        engine_args=plan.engine_args(model, seed=seed),
         served_model_name=served_model_name or default_served_model_name(source),
         host=host,
         port=port,

@@ -4,11 +4,12 @@ SIGTERM.
 Lifecycle: the socket is bound first, so a port already taken fails before anything loads.
 Hypercorn serves a ``LoadingApp`` while a worker thread loads the model; once the ``Engine``
 and its ``AsyncEngine`` exist, the API app (``create_app``) takes over and the state turns
-ready. SIGTERM or SIGINT marks the state draining (new requests get 503), closes the listening
-socket and lets in-flight requests run for up to ``drain_timeout_s``; then the engine stops,
-which ends what is left with an error event (streams) or a 500, and ``run_serve`` returns 0
-once every connection has closed (at most ``CONNECTION_GRACE_S`` later: Hypercorn cuts the
-rest). A second signal exits at once.
+ready. SIGTERM or SIGINT marks the state draining and lets in-flight requests run for up to
+``drain_timeout_s`` while the socket keeps listening: ``/health`` answers 503 ``draining`` and
+new generation requests 503, as vLLM does. At the deadline the engine stops, which ends what is
+left with an error event (streams) or a 500. Only then does the listener close, and
+``run_serve`` returns 0 once every connection has closed (at most ``CONNECTION_GRACE_S`` later:
+Hypercorn cuts the rest). A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
 from metrale_server.cli.serve_args import ServeArgs
-from metrale_server.devices import kernel_summary, resolve_device, resolve_dtype
+from metrale_server.devices import (
+    format_choice_lines,
+    kernel_summary,
+    resolve_device,
+    resolve_dtype,
+)
 from metrale_server.engine.distributed.process_group import backend_for
 from metrale_server.engine.engine import Engine
 from metrale_server.engine.layer_compiler import LayerCompiler
@@ -51,6 +57,7 @@ EXIT_FORCED = 1
 EXIT_LOAD_FAILED = 1
 EXIT_WORKER_LOST = 1
 CONNECTION_GRACE_S = 5.0
+DRAIN_POLL_S = 0.05
 
 
 class ServeError(RuntimeError):
@@ -85,7 +92,7 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
         # HTTP stack, the API app) is imported and started on this one.
         front = LoadingApp(args.served_model_name)
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metrale-load") as pool:
-            loading = pool.submit(build_engine, args, plan, front.set_progress)
+            loading = pool.submit(load_engine, args, plan, front.set_progress)
             # The loader thread ends once the model is built. NOTE: a live thread that ever
             # ran torch keeps its OpenMP team, and with it alive the engine thread's small
             # int8 matmuls ran at half speed (measured: 45 -> 100 us per call).
@@ -130,9 +137,9 @@ def configure_logging(level: str) -> None:
 def hypercorn_config(args: ServeArgs) -> Config:
     config = Config()
     config.bind = [args.bind]
-    # The drain ends the requests at drain_timeout_s; Hypercorn cuts connections still open
-    # after the grace (a client that stopped reading).
-    config.graceful_timeout = args.drain_timeout_s + CONNECTION_GRACE_S
+    # Hypercorn's shutdown starts once the drain has ended every request; it cuts connections
+    # still open after the grace (a client that stopped reading).
+    config.graceful_timeout = CONNECTION_GRACE_S
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
@@ -150,7 +157,10 @@ def preflight(args: ServeArgs) -> MemoryPlan:
         raise ServeError(f"cannot read the model's config: {error}") from error
     try:
         plan = plan_engine_memory(
-            engine_args, config, device=device, dtype=resolve_dtype(engine_args.dtype, device)
+            engine_args,
+            config,
+            device=device,
+            dtype=resolve_dtype(engine_args.dtype, device, config),
         )
     except (MemoryPlanError, PreflightError) as error:
         raise ServeError(f"memory preflight: {error}") from error
@@ -164,6 +174,23 @@ def preflight(args: ServeArgs) -> MemoryPlan:
     for line in plan_log_lines(plan, config):
         logger.info("%s", line)
     return plan
+
+
+def load_engine(
+    args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
+) -> Engine:
+    """:func:`build_engine`, then, on a first start on a CPU, the build of the native kernels
+    (the log names each source as it compiles): until they are built the reference ops would
+    serve, and on the default model's q4 weights those take tens of times longer."""
+    engine = build_engine(args, plan, on_progress)
+    compiler = engine.core.compiler
+    if compiler is not None and compiler.builds_kernels:
+        logger.info(
+            "building the native CPU kernels for this CPU (first start; cached after), "
+            "ready once they are built"
+        )
+        compiler.prepared.wait()
+    return engine
 
 
 def build_engine(
@@ -189,7 +216,9 @@ def build_engine(
         return engine
     loaded = load_model(
         engine_args.model,
-        dtype=resolve_dtype(engine_args.dtype, device),
+        dtype=resolve_dtype(
+            engine_args.dtype, device, read_model_config(resolve_model(engine_args.model))
+        ),
         device=device,
         max_seq_len=plan.inputs.max_seq_len,
         allocator=ledger.allocate,
@@ -222,6 +251,12 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         loaded.quantization,
         kernel_summary(loaded),
     )
+    for line in format_choice_lines(
+        loaded,
+        quantization_flag=args.engine_args.quantization,
+        tensor_parallel_size=args.engine_args.tensor_parallel_size,
+    ):
+        logger.info("%s", line)
     logger.info("layer steps: %s", LayerCompiler.state(engine.core.compiler, loaded.model))
     logger.info("device: %s", loaded.device)
     parallel = engine.core.parallel
@@ -355,30 +390,30 @@ async def _serve(
         ).start()
         return async_engine
 
-    async def end_the_drain() -> None:
-        """At the drain deadline, fail what still runs so its responses end and close."""
+    async def drained() -> None:
+        """Hypercorn's shutdown trigger: after the signal, until no request is in flight or
+        the drain deadline has stopped the engine under those left."""
         await stop.wait()
-        await asyncio.sleep(args.drain_timeout_s)
-        async_engine = await loader
-        if async_engine is not None and state is not None and state.num_active_requests:
+        deadline = loop.time() + args.drain_timeout_s
+        while state is not None and state.num_active_requests and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if state is not None and state.num_active_requests:
             logger.warning(
                 "drain timeout: stopping the engine under %d running requests",
                 state.num_active_requests,
             )
-            await asyncio.to_thread(async_engine.shutdown)
+            await asyncio.to_thread(state.async_engine.shutdown)
 
     loader = asyncio.create_task(load())
-    drain = asyncio.create_task(end_the_drain())
     try:
         await worker_serve(
             # Starlette's ASGI types and Hypercorn's describe the same protocol differently.
             wrap_app(cast(ASGIFramework, front), config.wsgi_max_body_size, "asgi"),
             config,
             sockets=sockets,
-            shutdown_trigger=stop.wait,
+            shutdown_trigger=drained,
         )
     finally:
-        drain.cancel()
         async_engine = await loader
         if async_engine is not None:
             await asyncio.to_thread(async_engine.shutdown)

@@ -47,6 +47,7 @@ def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
         max_batch_size=plan.max_batch_size,
         max_seq_len=plan.inputs.max_seq_len,
         quantization=plan.inputs.quantization.value,
+        block_size=plan.inputs.block_size,
     )
 
 
@@ -89,13 +90,13 @@ class EngineCore:
         self.ledger = ledger if ledger is not None else MemoryLedger()
         if loaded is None:
             device = resolve_device(args.device)
-            dtype = resolve_dtype(args.dtype, device)
+            config = read_model_config(resolve_model(args.model))
+            dtype = resolve_dtype(args.dtype, device, config)
             if plan is None:
-                config = read_model_config(resolve_model(args.model))
                 plan = plan_engine_memory(args, config, device=device, dtype=dtype)
             shard = None
             if world_size > 1:
-                check_runs_split(read_model_config(resolve_model(args.model)), world_size)
+                check_runs_split(config, world_size)
                 self.parallel = TensorParallelGroup.start(world_size, device.type)
                 self.parallel.share(worker_engine_args(args, plan))
                 shard = TensorShard(rank=0, world_size=world_size)
@@ -123,7 +124,8 @@ class EngineCore:
                 quantization=loaded.quantization,
             )
         self.loaded = loaded
-        self.args = args
+        self.block_size = plan.inputs.block_size
+        self.args = attrs.evolve(args, block_size=self.block_size)
         self.plan = plan
         self.max_seq_len = plan.inputs.max_seq_len
         self.max_batch_size = plan.max_batch_size
@@ -131,7 +133,7 @@ class EngineCore:
         self.runner = ModelRunner(
             loaded,
             num_blocks=self.num_kv_blocks,
-            block_size=args.block_size,
+            block_size=self.block_size,
             max_batch_tokens=args.max_batch_tokens,
             max_batch_size=self.max_batch_size,
             max_seq_len=self.max_seq_len,
@@ -154,7 +156,7 @@ class EngineCore:
         self.has_sequence_state = bool(self.runner.seq_states.allocations)
         self.prefix_caching = args.enable_prefix_caching and not self.has_sequence_state
         self.block_manager = BlockManager(
-            self.num_kv_blocks, args.block_size, enable_prefix_caching=self.prefix_caching
+            self.num_kv_blocks, self.block_size, enable_prefix_caching=self.prefix_caching
         )
         if args.speculative_config is not None and self.has_sequence_state:
             raise ValueError(
@@ -289,7 +291,7 @@ class EngineCore:
             )
         if params.n > self.max_batch_size:
             raise RequestError(f"n ({params.n}) exceeds max_batch_size ({self.max_batch_size})")
-        blocks_per_seq = -(-(len(prompt) + params.max_tokens) // self.args.block_size)
+        blocks_per_seq = -(-(len(prompt) + params.max_tokens) // self.block_size)
         if params.n * blocks_per_seq > self.num_kv_blocks:
             raise RequestError(
                 f"the request needs up to {params.n * blocks_per_seq} KV blocks but the pool has "
@@ -417,7 +419,7 @@ class EngineCore:
             num_slots=self.max_batch_size,
             num_blocks=self.num_kv_blocks,
             max_seq_len=self.max_seq_len,
-            block_size=self.args.block_size,
+            block_size=self.block_size,
             vocab_size=self.loaded.config.vocab_size,
             allocator=self.ledger.allocate,
         )

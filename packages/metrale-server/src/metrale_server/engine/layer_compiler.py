@@ -6,11 +6,14 @@ eager steps until the compiled ones are swapped in (one attribute, read at the s
 forward). A compile that fails leaves the eager steps in place and says why in the log.
 
 The same thread first prepares the kernel backend (the cpu backend builds its native ops
-there on a first start; a cached build was loaded with the model). Where the native one-call
-layer segments can run (a dense int8 llama-family model on the cpu backend) they are swapped
-in and nothing is compiled: they beat the compiled graphs (measured at batch 1, 30 layers:
-7.8 ms against 17-18 ms a step for the compiled ones with attention and head). Under
-``--enforce-eager`` the thread only prepares the backend (and swaps in native segments).
+there on a first start; a cached build was loaded with the model); ``prepared`` is set once
+that is over, and ``met serve`` waits for it before it says ready: the reference q4 ops the
+model would serve with meanwhile are tens of times slower than the native ones. Where the
+native one-call layer segments can run (a dense int8 llama-family model on the cpu backend)
+they are swapped in and nothing is compiled: they beat the compiled graphs (measured at batch
+1, 30 layers: 7.8 ms against 17-18 ms a step for the compiled ones with attention and
+head). Under ``--enforce-eager`` the thread only prepares the backend (and swaps in native
+segments).
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ logger = logging.getLogger("metrale.engine")
 
 
 class LayerCompiler:
-    """One background compile of ``model``'s layer steps; ``done`` is set when it ends."""
+    """One background compile of ``model``'s layer steps; ``done`` is set when it ends,
+    ``prepared`` once the backend's kernels are built (or failed to build) and any native
+    segments swapped in; ``builds_kernels``: whether the backend had kernels to build."""
 
     def __init__(self, model: CausalLM, *, compile_steps: bool = True) -> None:
         self.model = model
         self.compile_steps = compile_steps
+        self.builds_kernels = model.backend.needs_prepare()
+        self.prepared = threading.Event()
         self.done = threading.Event()
         self.seconds: float | None = None
         self.error: BaseException | None = None
@@ -88,6 +95,7 @@ class LayerCompiler:
                 self.seconds = time.perf_counter() - started
                 logger.info("layer steps: native segments ready in %.1f s", self.seconds)
                 return
+            self.prepared.set()
             if not self.compile_steps:
                 return
             self.seconds = compile_layer_steps(self.model)  # type: ignore[arg-type]
@@ -95,4 +103,5 @@ class LayerCompiler:
             self.error = error
             logger.warning("compiling the layer steps failed; staying eager: %r", error)
         finally:
+            self.prepared.set()
             self.done.set()

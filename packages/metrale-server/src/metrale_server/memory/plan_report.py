@@ -58,7 +58,7 @@ def run_memory(
     """Print the plan (or why it does not fit); returns the exit status: 0 fits, 1 does not."""
     config = read_config(model)
     device = plan_device(engine_args.device, device_memory_gib)
-    dtype = resolve_dtype(engine_args.dtype, device)
+    dtype = resolve_dtype(engine_args.dtype, device, config)
     quantization = resolve_quantization(
         engine_args.quantization, device, dtype, config, engine_args.kernel_backend
     )

@@ -23,7 +23,7 @@ from metrale_model_arch.memory import (
     plan_memory,
 )
 from metrale_model_arch.parallel import shard_config
-from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, EngineArgs
+from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, DEFAULT_BLOCK_SIZE, EngineArgs
 from metrale_server.devices import resolve_quantization
 from metrale_server.memory.host_memory import host_total_memory_bytes
 
@@ -51,6 +51,23 @@ def indexer_paged() -> bool:
     return not read_bool_lever("METRALE_GLM_DSA_INDEXER_FLAT")
 
 
+def resolve_block_size(args: EngineArgs, config: ModelConfig) -> int:
+    """``--block-size`` as given; unset, ``DEFAULT_BLOCK_SIZE``, or with the paged DSA indexer
+    (which keeps each pool of ``index_kpool`` tokens in one block) the least multiple of
+    ``index_kpool`` not below it. Raises ``ValueError`` naming the flag when a given size
+    cannot hold whole pools."""
+    pool = config.dsa.index_kpool if config.dsa is not None and indexer_paged() else None
+    if args.block_size is None:
+        return DEFAULT_BLOCK_SIZE if pool is None else -(-DEFAULT_BLOCK_SIZE // pool) * pool
+    if pool is not None and args.block_size % pool:
+        raise ValueError(
+            f"--block-size {args.block_size} is not a multiple of index_kpool ({pool}): the "
+            f"paged DSA indexer keeps each pool of {pool} tokens in one block; pass a multiple "
+            f"of {pool}, leave it unset, or set METRALE_GLM_DSA_INDEXER_FLAT=1"
+        )
+    return args.block_size
+
+
 def kv_cache_max_bytes(args: EngineArgs, device: torch.device) -> int | None:
     """``--kv-cache-memory-gib`` in bytes; unset, 4 GiB on the CPU and no cap on CUDA."""
     gib = args.kv_cache_memory_gib
@@ -74,21 +91,16 @@ def plan_inputs(
     """
     if quantization is None:
         if args.tensor_parallel_size > 1 and args.quantization == "auto":
-            # NOTE: split int8 weights quantize each rank's columns of o_proj and down_proj
-            # apart, so they differ from one rank's; float weights are the same split or not.
+            # NOTE: q4 blocks do not split over ranks, and split int8 weights quantize each
+            # rank's columns of o_proj and down_proj apart: a split serve keeps float weights
+            # (a Q4_1 GGUF dequantized exactly), the same split or not.
             quantization = Quantization.NONE
         else:
             quantization = resolve_quantization(
                 args.quantization, device, dtype, config, args.kernel_backend
             )
     paged = indexer_paged()
-    if paged and config.dsa is not None and args.block_size % config.dsa.index_kpool:
-        pool = config.dsa.index_kpool
-        raise ValueError(
-            f"--block-size {args.block_size} is not a multiple of index_kpool ({pool}): the "
-            f"paged DSA indexer keeps each pool of {pool} tokens in one block; pass a multiple "
-            f"of {pool}, or set METRALE_GLM_DSA_INDEXER_FLAT=1"
-        )
+    block_size = resolve_block_size(args, config)
     speculative = args.speculative_config
     draft = None
     if speculative is not None and speculative.model is not None:
@@ -102,7 +114,7 @@ def plan_inputs(
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype_bytes=dtype.itemsize,
         max_seq_len=args.max_seq_len or config.max_position_embeddings,
-        block_size=args.block_size,
+        block_size=block_size,
         max_batch_size=args.max_batch_size,
         max_batch_tokens=args.max_batch_tokens,
         num_kv_blocks=args.num_kv_blocks,

@@ -24,6 +24,7 @@ from metrale_model_arch.families.glm5_next.hyper_connections import HyperConnect
 from metrale_model_arch.families.glm5_next.kda_attention import KdaAttention
 from metrale_model_arch.families.glm5_next.mlp import ClampedSwiGluMlp, GlmMoeBlock
 from metrale_model_arch.families.llama import RMSNorm
+from metrale_model_arch.families.row_invariant_layers import head_logits
 from metrale_model_arch.glm5_next_skeleton import (
     Ffn,
     Glm5NextTextSkeleton,
@@ -147,10 +148,7 @@ class Glm5NextForCausalLM(CausalLM):
         return out
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if out is None:
-            logits: torch.Tensor = self.lm_head(hidden)
-            return logits
-        return torch.mm(hidden, self.lm_head.weight.t(), out=out)
+        return head_logits(self.lm_head, hidden, out)
 
 
 def check_glm5_next_config(config: ModelConfig) -> None:

@@ -70,8 +70,8 @@ def run_worker(rendezvous: Rendezvous, device_type: str) -> int:
 
 def build_worker_runner(args: EngineArgs, rendezvous: Rendezvous) -> tuple[ModelRunner, RankMemory]:
     device = rank_device(args, rendezvous)
-    dtype = resolve_dtype(args.dtype, device)
     config = read_model_config(resolve_model(args.model))
+    dtype = resolve_dtype(args.dtype, device, config)
     plan = plan_engine_memory(args, config, device=device, dtype=dtype)
     ledger = MemoryLedger()
     loaded = load_model(
@@ -87,7 +87,7 @@ def build_worker_runner(args: EngineArgs, rendezvous: Rendezvous) -> tuple[Model
     runner = ModelRunner(
         loaded,
         num_blocks=plan.kv_blocks,
-        block_size=args.block_size,
+        block_size=plan.inputs.block_size,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=plan.max_batch_size,
         max_seq_len=plan.inputs.max_seq_len,

@@ -1,0 +1,122 @@
+"""Paged attention in torch ops whose result for a query row depends on its own context alone:
+the reference backend's path on the CPU, row-invariant as the native kernel is.
+
+Every query row (a decode's one, each of a prefill's) attends a span of its sequence's keys
+that is a function of the row alone: from its first visible key rounded down to a multiple of
+``SPAN_QUANTUM`` to its last rounded up, the keys outside its view masked. Rows of one sequence
+with the same span share one matmul, its rows padded to the machine's row tile
+(:func:`~metrale_kernels.row_invariant.matmul_row_tile`), so each row's scores and sums are
+computed the same way whatever else is in the step.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.paged_attention import check_sliding_window, first_visible, group_size
+from metrale_kernels.row_invariant import matmul_row_tile, padded_rows
+
+SPAN_QUANTUM = 16
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class SpanGroup:
+    """Query rows of one sequence that attend the same key span ``[start, start + width)``."""
+
+    seq: int
+    rows: torch.Tensor  # (rows,) int64: their token indices in q / out
+    start: int
+    width: int
+    visible: torch.Tensor  # (rows, width) bool: the keys each row attends
+
+
+def plan_span_groups(
+    metadata: AttentionMetadata, sliding_window: int | None
+) -> tuple[SpanGroup, ...]:
+    check_sliding_window(sliding_window)
+    groups: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    token = 0
+    for seq, (query_len, seq_len) in enumerate(
+        zip(metadata.query_lens, metadata.seq_lens, strict=True)
+    ):
+        for position in range(seq_len - query_len, seq_len):
+            first = first_visible(position, sliding_window)
+            start = first // SPAN_QUANTUM * SPAN_QUANTUM
+            width = -(-(position + 1 - start) // SPAN_QUANTUM) * SPAN_QUANTUM
+            groups.setdefault((seq, start, width), []).append((token, first, position + 1))
+            token += 1
+    planned = []
+    for (seq, start, width), members in groups.items():
+        key_pos = torch.arange(start, start + width)[None, :]
+        firsts = torch.tensor([first for _, first, _ in members])[:, None]
+        ends = torch.tensor([end for _, _, end in members])[:, None]
+        planned.append(
+            SpanGroup(
+                seq=seq,
+                rows=torch.tensor([row for row, _, _ in members], dtype=torch.int64),
+                start=start,
+                width=width,
+                visible=(key_pos >= firsts) & (key_pos < ends),
+            )
+        )
+    return tuple(planned)
+
+
+def _span(
+    cache: torch.Tensor, metadata: AttentionMetadata, seq: int, start: int, width: int
+) -> torch.Tensor:
+    """Keys ``[start, start + width)`` of ``seq`` as ``(kv_heads, width, dim)``; slots past its
+    context are zeros (never the cache's padding, which may hold anything)."""
+    block_size = metadata.block_size
+    stop = min(start + width, metadata.seq_lens[seq])
+    first_block, last_block = start // block_size, (stop - 1) // block_size
+    blocks = metadata.block_tables[seq, first_block : last_block + 1]
+    keys = cache.index_select(0, blocks).flatten(0, 1)
+    keys = keys[start - first_block * block_size : stop - first_block * block_size]
+    if stop - start < width:
+        keys = torch.cat((keys, keys.new_zeros((start + width - stop, *keys.shape[1:]))))
+    return keys.transpose(0, 1)
+
+
+def row_invariant_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q (tokens, heads, dim)`` over the paged caches; ``out`` (or a new tensor) returned."""
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    group = group_size(num_heads, num_kv_heads)
+    tile = matmul_row_tile(q.dtype) or 1
+    if out is None:
+        out = torch.empty_like(q)
+    plan = metadata.derived(
+        ("row_invariant_spans", sliding_window), plan_span_groups, sliding_window
+    )
+    for span in plan:
+        keys = _span(k_cache, metadata, span.seq, span.start, span.width).to(q.dtype)
+        values = _span(v_cache, metadata, span.seq, span.start, span.width).to(q.dtype)
+        num_rows = span.rows.shape[0]
+        # (kv_heads, rows * group, dim): query head h reads kv head h // group.
+        query = q.index_select(0, span.rows).view(num_rows, num_kv_heads, group, head_dim)
+        query = query.permute(1, 0, 2, 3).reshape(num_kv_heads, num_rows * group, head_dim)
+        padded = padded_rows(num_rows * group, tile)
+        if padded != num_rows * group:
+            query = torch.cat(
+                (query, query.new_zeros((num_kv_heads, padded - query.shape[1], head_dim))), 1
+            )
+        scores = torch.bmm(query, keys.transpose(1, 2)).mul_(scale)
+        hidden = ~span.visible.repeat_interleave(group, 0)
+        scores[:, : num_rows * group].masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        attended = torch.bmm(probs, values)[:, : num_rows * group]
+        attended = attended.view(num_kv_heads, num_rows, group, head_dim).permute(1, 0, 2, 3)
+        out.index_copy_(0, span.rows, attended.reshape(num_rows, num_heads, head_dim))
+    return out

@@ -1,0 +1,47 @@
+"""Float projections padded to whole row tiles on the CPU, so a token's output does not depend
+on how many rows share its step (:mod:`metrale_kernels.row_invariant`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+
+
+class RowInvariantLinear(nn.Linear):
+    """``nn.Linear`` whose calls are padded to ``row_tile`` rows (set by :func:`swap_in`)."""
+
+    row_tile: int | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return super().forward(x)
+        return row_invariant_linear(x, self.weight, self.bias, self.row_tile)
+
+
+def make_float_linears_row_invariant(model: nn.Module, dtype: torch.dtype) -> int | None:
+    """Turn every plain ``nn.Linear`` of a CPU model into a :class:`RowInvariantLinear` with
+    this machine's tile for ``dtype``; returns the tile (None: no tile works here, left as
+    they are)."""
+    tile = matmul_row_tile(dtype)
+    if tile is None:
+        return None
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = RowInvariantLinear
+            assert isinstance(module, RowInvariantLinear)
+            module.row_tile = tile
+    return tile
+
+
+def head_logits(head: nn.Module, hidden: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A float head's logits, written into ``out`` when given."""
+    logits: torch.Tensor
+    if out is None:
+        logits = head(hidden)
+        return logits
+    if isinstance(head, RowInvariantLinear):
+        return out.copy_(head(hidden))
+    assert isinstance(head, nn.Linear)
+    return torch.mm(hidden, head.weight.t(), out=out)
