@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from metrale_config import ModelConfig
 from metrale_model_arch.build import CheckpointError, build_model, column_major_names
 from metrale_model_arch.families import LlamaForCausalLM
+from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
 from metrale_model_arch.loading import is_progress_enabled, load_progress
 from metrale_model_arch.loading.safetensors_loader import (
     checkpoint_tensor_names,
@@ -79,12 +80,13 @@ def test_sharded_checkpoint_loads_every_shard(
     assert_loaded(model, weights)
 
     torch.manual_seed(0)
-    reference = LlamaForCausalLM(tiny_config).eval()
+    reference = LlamaForCausalLM(tiny_config, backend=model.backend).eval()
     # The loader stores projections column-major on CPU: same layout, same kernels, same bits.
     for name in column_major_names(reference):
         module_name, _, leaf = name.rpartition(".")
         column_major = reference.get_parameter(name).detach().t().contiguous().t()
         setattr(reference.get_submodule(module_name), leaf, torch.nn.Parameter(column_major))
+    make_float_linears_row_invariant(reference, torch.float32)  # as build_model does on CPU
     prompt = {0: [5, 17, 3, 99, 42, 8, 1]}
     expected = paged_runner(reference, num_blocks=4, block_size=4).step(prompt)[0]
     got = paged_runner(model, num_blocks=4, block_size=4).step(prompt)[0]
