@@ -143,6 +143,7 @@ def chat(
 
         try:
             engine = Engine(plan.engine_args(model))
+            engine.wait_for_native_kernels()
         except (ValueError, OSError) as error:
             raise click.ClickException(str(error)) from error
         backend = EngineChatBackend(

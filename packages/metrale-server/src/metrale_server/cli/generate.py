@@ -28,6 +28,7 @@ def run_generate(
     from metrale_server.sampling.params import SamplingParams
 
     engine = Engine(engine_args)
+    engine.wait_for_native_kernels()
     loaded = engine.loaded
     if chat:
         text = loaded.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)

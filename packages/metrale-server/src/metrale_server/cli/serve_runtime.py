@@ -183,13 +183,7 @@ def load_engine(
     (the log names each source as it compiles): until they are built the reference ops would
     serve, and on the default model's q4 weights those take tens of times longer."""
     engine = build_engine(args, plan, on_progress)
-    compiler = engine.core.compiler
-    if compiler is not None and compiler.builds_kernels:
-        logger.info(
-            "building the native CPU kernels for this CPU (first start; cached after), "
-            "ready once they are built"
-        )
-        compiler.prepared.wait()
+    engine.wait_for_native_kernels()
     return engine
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from metrale_model_arch import LoadedModel
@@ -15,6 +16,8 @@ from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import OutputProcessor, RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
+
+logger = logging.getLogger("metrale.engine")
 
 
 class Engine:
@@ -37,6 +40,19 @@ class Engine:
     ) -> None:
         self.core = EngineCore(args, loaded, plan=plan, ledger=ledger)
         self.processor = OutputProcessor(self.core.loaded.tokenizer, self.core.eos_token_ids)
+
+    def wait_for_native_kernels(self) -> bool:
+        """On a first start on a CPU, wait for the native kernels' build (the reference ops
+        would serve meanwhile, tens of times slower on q4 weights); whether there was one."""
+        compiler = self.core.compiler
+        if compiler is None or not compiler.builds_kernels:
+            return False
+        logger.info(
+            "building the native CPU kernels for this CPU (first start; cached after), "
+            "ready once they are built"
+        )
+        compiler.prepared.wait()
+        return True
 
     @property
     def loaded(self) -> LoadedModel:

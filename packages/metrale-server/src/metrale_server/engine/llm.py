@@ -24,6 +24,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = Engine(EngineArgs(model=model, **engine_args))
+        self.engine.wait_for_native_kernels()
 
     def close(self) -> None:
         """Stop the workers of a ``tensor_parallel_size`` above 1 (they also end with this
