@@ -56,16 +56,20 @@ def _defines(source: str) -> dict[str, int]:
 
 def _declared_shared_floats(source: str, **sizes: int) -> int:
     """The floats of a kernel's shared buffers as its source declares them: the product of
-    each buffer's shape comment, evaluated with ``sizes`` (the source's names) in scope."""
+    each buffer's shape comment, each a sum of ``sizes`` (the source's names) and integers."""
     code = source_code(SOURCES_BY_NAME[source])
     shapes = _SHARED_BUFFER.findall(code)
     assert shapes, f"no shared buffers declared in {source}"
     return sum(
-        math.prod(
-            eval(dim, {"__builtins__": {}}, dict(sizes)) for dim in shape.split(",") if dim.strip()
-        )
+        math.prod(_dimension(dim, sizes) for dim in shape.split(",") if dim.strip())
         for shape in shapes
     )
+
+
+def _dimension(expression: str, sizes: dict[str, int]) -> int:
+    """A shape comment's dimension: a sum of the source's names and integers (``head_dim + 1``)."""
+    terms = [term.strip() for term in expression.split("+")]
+    return sum(sizes[term] if term.isidentifier() else int(term) for term in terms)
 
 
 Launch = tuple[str, str, tuple[int, ...], tuple[int, ...], tuple[Any, ...], int]
