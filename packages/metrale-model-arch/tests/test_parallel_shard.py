@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from metrale_config import ModelConfig, MoeConfig
+from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
 from metrale_model_arch.loading.safetensors_loader import (
     checkpoint_tensor_names,
     iter_safetensors,
@@ -168,3 +169,41 @@ def test_safetensors_reads_only_the_slices_a_rank_holds(
         expected = dict(narrowed)
         for name, tensor in read:
             assert torch.equal(tensor, expected[name]), name
+
+
+def q4_1_blocks(rows: int, cols: int, seed: int) -> Q4_1Blocks:
+    gguf = pytest.importorskip("gguf")
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).numpy()
+    return Q4_1Blocks(gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_1))
+
+
+@pytest.mark.parametrize(
+    "index",
+    [(slice(16, 48),), (slice(None), slice(32, 96)), (slice(0, 16), slice(64, 128))],
+)
+def test_a_ggufs_q4_1_blocks_narrow_to_a_shard_as_blocks(index: tuple[slice, ...]) -> None:
+    """A rank's rows, or its columns on whole blocks of 32, stay blocks (a q4 projection takes
+    them bit for bit): the same values as the dequantized tensor's part."""
+    blocks = q4_1_blocks(64, 128, seed=0)
+    part = blocks[index]
+    assert isinstance(part, Q4_1Blocks)
+    assert torch.equal(part.dequantize(), blocks.dequantize()[index])
+
+
+def test_columns_off_the_blocks_narrow_to_floats() -> None:
+    blocks = q4_1_blocks(16, 128, seed=1)
+    index = (slice(None), slice(16, 80))
+    part = blocks[index]
+    assert isinstance(part, torch.Tensor)
+    assert torch.equal(part, blocks.dequantize()[index])
+
+
+def test_shard_checkpoint_keeps_a_ggufs_blocks(tiny_config: ModelConfig) -> None:
+    config = attrs.evolve(tiny_config, hidden_size=64, intermediate_size=128)
+    down = q4_1_blocks(64, 128, seed=2)
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = TensorShard(rank=1, world_size=2)
+    [(got_name, part)] = shard_checkpoint([(name, down)], config, shard)
+    assert got_name == name
+    assert isinstance(part, Q4_1Blocks)
+    assert torch.equal(part.dequantize(), down.dequantize()[:, 64:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
 from metrale_kernels.backend_choice import BACKEND_NAMES, BackendUnavailableError, get_backend
+from metrale_kernels.column_split import ColumnSplit
 from metrale_kernels.cpu_features import CpuFeatures, cpu_features
 from metrale_kernels.dsa import (
     index_scores,
@@ -38,6 +39,7 @@ __all__ = [
     "Q4_PANEL",
     "AttentionMetadata",
     "BackendUnavailableError",
+    "ColumnSplit",
     "CpuFeatures",
     "KernelBackend",
     "TorchBackend",

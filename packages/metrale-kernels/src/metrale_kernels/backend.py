@@ -19,6 +19,7 @@ from metrale_kernels import (
     q4_matmul,
 )
 from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.column_split import ColumnSplit
 from metrale_kernels.row_invariant_attention import row_invariant_attention
 
 
@@ -87,10 +88,13 @@ class KernelBackend:
         bias: torch.Tensor | None = None,
         *,
         out: torch.Tensor | None = None,
+        split: ColumnSplit | None = None,
     ) -> torch.Tensor:
         """``x (tokens, in)`` times int8 ``qweight (out, in)`` with per-channel ``scale (out,)``,
-        activations in two int8 digits: see :func:`int8_matmul.int8_linear`. ``x``'s dtype out."""
-        return int8_matmul.int8_linear(x, qweight, scale, bias, out=out)
+        activations in two int8 digits: see :func:`int8_matmul.int8_linear`. ``x``'s dtype out.
+        ``split``: ``x`` and ``qweight`` are a rank's columns, the result the whole product's
+        (see :mod:`column_split`)."""
+        return int8_matmul.int8_linear(x, qweight, scale, bias, out=out, split=split)
 
     def q4_linear(
         self,
@@ -100,11 +104,12 @@ class KernelBackend:
         bias: torch.Tensor | None = None,
         *,
         out: torch.Tensor | None = None,
+        split: ColumnSplit | None = None,
     ) -> torch.Tensor:
         """``x (tokens, in)`` times a q4 matrix (``packed``, ``scales``: :mod:`q4_matmul`'s
         layout), activations in two int8 digits. ``x``'s dtype out. The reference dequantizes
-        the whole matrix every call: correct, and slow."""
-        return q4_matmul.q4_linear(x, packed, scales, bias, out=out)
+        the whole matrix every call: correct, and slow. ``split`` as :meth:`int8_linear`'s."""
+        return q4_matmul.q4_linear(x, packed, scales, bias, out=out, split=split)
 
     def write_kv(
         self,

@@ -29,6 +29,7 @@ from metrale_kernels import int8_matmul
 from metrale_kernels import paged_attention as reference_attention
 from metrale_kernels.attention_metadata import AttentionMetadata
 from metrale_kernels.backend import TorchBackend
+from metrale_kernels.column_split import ColumnSplit, row_amax
 from metrale_kernels.host_allocator import retain_step_memory
 from metrale_kernels.native import NativeBuildError, NativeOps, load_native_ops
 
@@ -107,11 +108,12 @@ class CpuBackend(TorchBackend):
         bias: torch.Tensor | None = None,
         *,
         out: torch.Tensor | None = None,
+        split: ColumnSplit | None = None,
     ) -> torch.Tensor:
         if self.native is None or x.device.type != "cpu":
-            return super().int8_linear(x, qweight, scale, bias, out=out)
+            return super().int8_linear(x, qweight, scale, bias, out=out, split=split)
         return int8_matmul.int8_linear(
-            x, qweight, scale, bias, out=out, int_mm=torch.ops.metrale.int8_mm
+            x, qweight, scale, bias, out=out, int_mm=torch.ops.metrale.int8_mm, split=split
         )
 
     def q4_linear(
@@ -122,10 +124,18 @@ class CpuBackend(TorchBackend):
         bias: torch.Tensor | None = None,
         *,
         out: torch.Tensor | None = None,
+        split: ColumnSplit | None = None,
     ) -> torch.Tensor:
         if self.native is None or x.device.type != "cpu" or x.dtype != torch.float32:
-            return super().q4_linear(x, packed, scales, bias, out=out)
-        result: torch.Tensor = torch.ops.metrale.q4_mm(x.contiguous(), packed, scales, bias)
+            return super().q4_linear(x, packed, scales, bias, out=out, split=split)
+        if split is None:
+            result: torch.Tensor = torch.ops.metrale.q4_mm(x.contiguous(), packed, scales, bias)
+            return result if out is None else out.copy_(result)
+        amax = row_amax(x, split)
+        result = torch.ops.metrale.q4_mm(x.contiguous(), packed, scales, None, amax)
+        split.sum_(result)
+        if bias is not None:
+            result += bias
         return result if out is None else out.copy_(result)
 
     def paged_attention(

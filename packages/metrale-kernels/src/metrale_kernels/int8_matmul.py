@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from metrale_kernels.column_split import ColumnSplit, row_amax
+
 # ``(digits int8 (M, K), qweight int8 (N, K)) -> int32 (M, N)``, exactly ``digits @ qweight.T``.
 IntMatmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -30,25 +32,34 @@ _MIN_SCALE = torch.finfo(torch.float32).tiny
 _MIN_AMAX = 2.0**-100  # an activation row's least max|x|: 127 / it stays finite (native: kMinAmax)
 
 
-def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_row(
+    x: torch.Tensor, *, split: ColumnSplit | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x (rows, cols)`` -> ``(q int8 (rows, cols), scale float32 (rows,))``, symmetric.
 
-    The error of each element is at most ``scale / 2`` of its row (``max|row| / 254``).
+    The error of each element is at most ``scale / 2`` of its row (``max|row| / 254``). With
+    ``split``, ``x`` is a rank's columns and the scale is the whole row's.
     """
     x32 = x.to(torch.float32)
-    amax = x32.abs().amax(dim=-1)
+    amax = row_amax(x32, split)
     scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).clamp_(min=_MIN_SCALE)
     q = torch.round(x32 / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
 
-def two_digit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def two_digit_rows(
+    x: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x (rows, cols)`` -> ``(digits int8 (2 * rows, cols), scale float32 (rows,))``.
 
     ``x ≈ scale * (digits[:rows] + digits[rows:] / DIGIT_BASE)``, within ``scale / 508``.
-    No clamping is needed: ``|steps| <= 127`` and ``|steps - round(steps)| <= 1/2``.
+    No clamping is needed: ``|steps| <= 127`` and ``|steps - round(steps)| <= 1/2``. ``amax``
+    float32 ``(rows,)``: each row's ``max|x|`` when ``x`` is only a slice of it (default: ``x``'s
+    own).
     """
-    amax = x.to(torch.float32).abs().amax(dim=-1, keepdim=True).clamp_(min=_MIN_AMAX)
+    if amax is None:
+        amax = row_amax(x)
+    amax = amax.unsqueeze(-1).clamp(min=_MIN_AMAX)
     # 127 / amax rounded once, as the native ops compute it (``127 / tensor`` would round twice)
     steps = x * (torch.full_like(amax, INT8_MAX) / amax)  # float32, in steps of the first digit
     first = steps.round()
@@ -64,20 +75,26 @@ def int8_linear(
     *,
     out: torch.Tensor | None = None,
     int_mm: IntMatmul | None = None,
+    split: ColumnSplit | None = None,
 ) -> torch.Tensor:
     """``x (tokens, in)`` float times ``qweight (out, in)`` int8 with ``scale (out,)`` float32.
 
     Returns ``(tokens, out)`` in ``x``'s dtype (``out`` when given). Versus
     ``x @ dequantized.T`` the result carries the two-digit error of ``x`` (at most
     ``max|row| / 64516`` per element of a row) and nothing else. ``int_mm`` multiplies the
-    digits (default ``torch._int_mm``); being exact, any kernel gives the same result.
+    digits (default ``torch._int_mm``); being exact, any kernel gives the same result. With
+    ``split`` (``x`` and ``qweight`` a rank's columns, ``scale`` the whole rows'), the digits
+    use each row's whole ``max|x|`` and the int32 sums are added over the ranks: every rank
+    returns what one process computes from the whole matrix, bit for bit.
     """
     num_tokens = x.shape[0]
     if num_tokens == 0:
         empty = x.new_zeros((0, qweight.shape[0]))
         return empty if out is None else out.copy_(empty)
-    digits, x_scale = two_digit_rows(x)
+    digits, x_scale = two_digit_rows(x, row_amax(x, split) if split is not None else None)
     accumulated = torch._int_mm(digits, qweight.t()) if int_mm is None else int_mm(digits, qweight)
+    if split is not None:
+        split.sum_(accumulated)
     # (first + second / base) in float32: exact enough (a relative 6e-8) for any int32 sum.
     combined = accumulated[num_tokens:] * (1 / DIGIT_BASE) + accumulated[:num_tokens]
     if x.dtype != torch.float32:

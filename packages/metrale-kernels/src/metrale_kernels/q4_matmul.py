@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from metrale_kernels.column_split import ColumnSplit, row_amax
 from metrale_kernels.int8_matmul import DIGIT_BASE, two_digit_rows
 
 Q4_BLOCK = 32  # input features per (d, m) pair
@@ -154,11 +155,15 @@ def q4_linear(
     bias: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    split: ColumnSplit | None = None,
 ) -> torch.Tensor:
     """``x (tokens, in)`` times the q4 matrix ``(out, in)``: ``x̂ @ W.T (+ bias)`` with ``x̂``
     the two-digit ``x`` (the reference op: it dequantizes the whole matrix, every call).
 
-    Returns ``(tokens, out)`` in ``x``'s dtype (``out`` when given)."""
+    Returns ``(tokens, out)`` in ``x``'s dtype (``out`` when given). With ``split`` (``x`` and
+    the matrix a rank's columns), ``x̂`` is each row's whole-row two-digit form and the float
+    partial products are added over the ranks, then the bias: one process's result up to the
+    order of the float additions (as float weights split)."""
     rows, cols = q4_logical_shape(packed)
     if x.shape[-1] != cols:
         raise ValueError(f"q4_linear: x has {x.shape[-1]} features, the matrix {cols}")
@@ -166,10 +171,13 @@ def q4_linear(
     if num_tokens == 0:
         empty = x.new_zeros((0, rows))
         return empty if out is None else out.copy_(empty)
-    digits, x_scale = two_digit_rows(x.to(torch.float32))
+    x32 = x.to(torch.float32)
+    digits, x_scale = two_digit_rows(x32, row_amax(x32, split) if split is not None else None)
     first, second = digits[:num_tokens].to(torch.float32), digits[num_tokens:].to(torch.float32)
     x_hat = (second * (1 / DIGIT_BASE) + first) * x_scale.unsqueeze(-1)
     result = x_hat @ dequantize_q4(packed, scales).t()
+    if split is not None:
+        split.sum_(result)
     if bias is not None:
         result += bias.to(torch.float32)
     result = result.to(x.dtype)

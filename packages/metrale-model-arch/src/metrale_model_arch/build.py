@@ -24,7 +24,7 @@ from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owne
 from metrale_model_arch.parallel import (
     TensorShard,
     apply_tensor_parallel,
-    apply_tensor_parallel_int8,
+    apply_tensor_parallel_quantized,
     check_runs_split,
     shard_checkpoint,
     shard_config,
@@ -129,10 +129,10 @@ def build_model(
     (:mod:`~metrale_model_arch.families.int8_layers`); an architecture that lists none raises
     ``ValueError``. With ``q4``, the same projections but the head are 4-bit blocks
     (:mod:`~metrale_model_arch.families.q4_layers`), the embeddings and the head int8; a
-    projection the blocks cannot tile, or a split model, raises ``ValueError``. With a
-    ``shard`` of a world over one rank, the model is that rank's part
+    projection the blocks cannot tile (a rank's part of it, when split) raises ``ValueError``.
+    With a ``shard`` of a world over one rank, the model is that rank's part
     (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
-    layers swapped in (int8 ones too), from ``weights`` narrowed to the shard as they stream
+    layers swapped in (quantized ones too), from ``weights`` narrowed to the shard as they stream
     (or already narrowed, ``is_sharded``: a loader that read only the shard's slices). The
     model's ops run on ``kernel_backend`` (``metrale_kernels.get_backend``: ``auto``, ``torch``
     or ``cupy``). Returns the model in eval mode, no grads.
@@ -147,9 +147,7 @@ def build_model(
         assert shard is not None
         check_runs_split(config, shard.world_size)
         if not is_sharded:
-            weights = shard_checkpoint(
-                ((name, dense(tensor)) for name, tensor in weights), config, shard
-            )
+            weights = shard_checkpoint(weights, config, shard)
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(
@@ -166,16 +164,11 @@ def build_model(
                     "model type yet; use quantization 'none'"
                 )
             if quantization == Quantization.Q4:
-                if is_split:
-                    raise ValueError(
-                        "q4 weights do not split over tensor-parallel ranks yet; use "
-                        "quantization 'int8' or 'none'"
-                    )
                 int8_rows.update(swap_in_q4(model, record.int8_linears - {HEAD}, model.backend))
             int8_rows.update(swap_in_int8(model, record.int8_linears, model.backend))
             if is_split:
                 assert shard is not None
-                apply_tensor_parallel_int8(model, shard)
+                apply_tensor_parallel_quantized(model, shard)
     aliases: dict[str, list[str]] = {}
     canonical: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

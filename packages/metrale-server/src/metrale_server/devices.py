@@ -124,6 +124,23 @@ def _runs_native_cpu_kernels(device: torch.device, kernel_backend: str) -> bool:
         return False
 
 
+# What a split over ranks keeps of one process's logits, by weight format.
+SPLIT_EXACTNESS = {
+    Quantization.NONE: (
+        "o_proj's and down_proj's float partial products add over the ranks: one process's "
+        "logits up to float rounding"
+    ),
+    Quantization.INT8: (
+        "int8 rows scaled over the whole row, int32 partial sums added: one process's products "
+        "bit for bit (the rest up to float rounding)"
+    ),
+    Quantization.Q4: (
+        "activations in digits over the whole row, q4's float partial products added: one "
+        "process's logits up to float rounding"
+    ),
+}
+
+
 def format_choice_lines(
     loaded: LoadedModel, *, quantization_flag: str, tensor_parallel_size: int = 1
 ) -> list[str]:
@@ -139,15 +156,8 @@ def format_choice_lines(
             else f"the checkpoint's weights in {str(loaded.dtype).removeprefix('torch.')}"
         )
         lines = [f"weights: {loaded.quantization} (auto keeps {kept}; exact to the checkpoint)"]
-        gguf_types = set(loaded.config.gguf_projection_types)
-        if split and gguf_types and gguf_types <= Q4_EXACT_GGML_TYPES:
-            lines.append("q4 blocks do not split over tensor-parallel ranks: served dequantized")
-    if split and loaded.quantization == Quantization.INT8:
-        lines.append(
-            f"int8 weights over {tensor_parallel_size} ranks: each rank quantizes its own columns "
-            "of o_proj and down_proj, so logits differ slightly from one process's (float "
-            "weights split exactly)"
-        )
+    if split:
+        lines.append(f"over {tensor_parallel_size} ranks: {SPLIT_EXACTNESS[loaded.quantization]}")
     hint = faster_format_hint(loaded.quantization, loaded.device, loaded.dtype, loaded.config)
     if hint is not None and not split:
         lines.append(hint)

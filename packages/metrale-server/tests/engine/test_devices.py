@@ -194,8 +194,14 @@ def test_the_boot_log_says_what_auto_kept_and_the_faster_lossy_flag(
     assert "perplexity" in lines[1]
     asked = devices.format_choice_lines(loaded, quantization_flag="none")
     assert asked == ["weights: none, as --quantization asked", lines[1]]
-    split = attrs.evolve(config, gguf_projection_types=("Q4_1",))
-    loaded.config = split  # type: ignore[misc]
     lines = devices.format_choice_lines(loaded, quantization_flag="auto", tensor_parallel_size=2)
-    assert "do not split" in lines[1]
-    assert len(lines) == 2
+    assert lines[1].startswith("over 2 ranks: ")
+    assert "float rounding" in lines[1]
+    assert len(lines) == 2  # no faster-format hint for a split serve
+    loaded.quantization = Quantization.INT8  # type: ignore[misc]
+    assert "bit for bit" in devices.SPLIT_EXACTNESS[Quantization.INT8]
+    lines = devices.format_choice_lines(loaded, quantization_flag="int8", tensor_parallel_size=2)
+    assert lines == [
+        "weights: int8, as --quantization asked",
+        f"over 2 ranks: {devices.SPLIT_EXACTNESS[Quantization.INT8]}",
+    ]

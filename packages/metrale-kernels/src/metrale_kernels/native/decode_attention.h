@@ -105,14 +105,20 @@ inline void decode_attention(const float* q_data, int64_t heads, int64_t dim, co
   // A task per row, its heads together, when there are rows enough for every thread; else a
   // task per (row, head), so one sequence's heads spread over the threads. Either way each
   // head's result is the same.
-  const bool per_head = decode.count < at::get_num_threads();
+  // Tasks go to the threads round-robin: a prefill's rows run over ever longer contexts, so
+  // contiguous ranges would leave the last thread with most of the work (3/4 of it over two).
+  const int64_t threads = at::get_num_threads();
+  const bool per_head = decode.count < threads;
   const int64_t per_task = per_head ? 1 : heads;
-  at::parallel_for(0, decode.count * heads / per_task, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = decode.count * heads / per_task;
+  at::parallel_for(0, std::min(threads, tasks), 1, [&](int64_t begin, int64_t end) {
     AttendScratch scratch;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task * per_task / heads, h0 = task * per_task % heads;
-      attend_heads(q_data, heads, dim, cache, decode, softmax_scale, r, h0, h0 + per_task, scratch,
-                   out_data);
+    for (int64_t first_task = begin; first_task < end; ++first_task) {
+      for (int64_t task = first_task; task < tasks; task += threads) {
+        const int64_t r = task * per_task / heads, h0 = task * per_task % heads;
+        attend_heads(q_data, heads, dim, cache, decode, softmax_scale, r, h0, h0 + per_task,
+                     scratch, out_data);
+      }
     }
   });
 }

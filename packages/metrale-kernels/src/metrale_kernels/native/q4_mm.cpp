@@ -223,7 +223,8 @@ bool metrale_native::is_q4_weight(const at::Tensor& w) { return w.scalar_type() 
 
 at::Tensor metrale_native::q4_linear(const at::Tensor& x, const at::Tensor& packed,
                                      const at::Tensor& scales,
-                                     const c10::optional<at::Tensor>& bias) {
+                                     const c10::optional<at::Tensor>& bias,
+                                     const c10::optional<at::Tensor>& row_amax) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.device().is_cpu(),
               "q4_mm: float32 (tokens, features) activations on the CPU");
   const int64_t rows = x.size(0), k = x.size(1);
@@ -235,6 +236,13 @@ at::Tensor metrale_native::q4_linear(const at::Tensor& x, const at::Tensor& pack
                     bias->numel() == n_total,
                 "q4_mm: a float32 bias per output row");
     b = bias->data_ptr<float>();
+  }
+  const float* given = nullptr;
+  if (row_amax.has_value()) {
+    TORCH_CHECK(row_amax->scalar_type() == at::kFloat && row_amax->is_contiguous() &&
+                    row_amax->numel() == rows,
+                "q4_mm: row_amax is one float32 max|x| per row");
+    given = row_amax->data_ptr<float>();
   }
   at::Tensor out = at::empty({rows, n_total}, x.options());
   if (rows == 0) return out;
@@ -249,7 +257,8 @@ at::Tensor metrale_native::q4_linear(const at::Tensor& x, const at::Tensor& pack
     for (int64_t r = begin; r < end; ++r) {
       int8_t* f = first + r * k;
       int8_t* sd = second + r * k;
-      const float scale = metrale_native::write_two_digits(x_data + r * k, k, f, sd);
+      const float scale = metrale_native::write_two_digits(x_data + r * k, k, f, sd,
+                                                           given != nullptr ? given[r] : -1.f);
       for (int64_t bk = 0; bk < blocks; ++bk) {
         int32_t s1 = 0, s2 = 0;
         for (int64_t i = 0; i < kBlock; ++i) {
@@ -294,8 +303,9 @@ at::Tensor metrale_native::q4_linear(const at::Tensor& x, const at::Tensor& pack
 namespace {
 
 at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
-                 const c10::optional<at::Tensor>& bias) {
-  return metrale_native::q4_linear(x, packed, scales, bias);
+                 const c10::optional<at::Tensor>& bias,
+                 const c10::optional<at::Tensor>& row_amax) {
+  return metrale_native::q4_linear(x, packed, scales, bias, row_amax);
 }
 
 std::string q4_mm_path() { return kPath; }
@@ -303,7 +313,9 @@ std::string q4_mm_path() { return kPath; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(metrale, m) {
-  m.def("q4_mm(Tensor x, Tensor packed, Tensor scales, Tensor? bias) -> Tensor");
+  m.def(
+      "q4_mm(Tensor x, Tensor packed, Tensor scales, Tensor? bias, Tensor? row_amax=None) -> "
+      "Tensor");
   m.impl("q4_mm", c10::DispatchKey::CPU, TORCH_FN(q4_mm));
   m.def("q4_mm_path() -> str", &q4_mm_path);
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from metrale_kernels import KernelBackend, dequantize_rows, quantize_per_row
+from metrale_kernels import ColumnSplit, KernelBackend, dequantize_rows, quantize_per_row
 from metrale_model_arch.allocator import TensorAllocator
 
 
@@ -34,10 +34,21 @@ class Int8Rows(nn.Module):
 
     def write_rows(self, index: tuple[int | slice, ...], values: torch.Tensor) -> None:
         """Quantize ``values`` into rows ``index`` (``()``: all) of the matrix."""
+        self.quantize_into(index, values)
+
+    def quantize_into(
+        self,
+        index: tuple[int | slice, ...],
+        values: torch.Tensor,
+        *,
+        split: ColumnSplit | None = None,
+    ) -> None:
+        """:meth:`write_rows`; with ``split``, ``values`` are a rank's columns of the rows,
+        scaled as the whole rows are."""
         if len(index) > 1:
             raise ValueError(f"an int8 matrix is filled by whole rows, got index {index}")
         rows = index[0] if index else slice(None)
-        q, scale = quantize_per_row(values.reshape(-1, self.logical_shape[1]))
+        q, scale = quantize_per_row(values.reshape(-1, self.logical_shape[1]), split=split)
         self.qweight[rows] = q.reshape(self.qweight[rows].shape)
         self.scale[rows] = scale.reshape(self.scale[rows].shape)
 

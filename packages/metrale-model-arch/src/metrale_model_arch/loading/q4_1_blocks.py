@@ -31,6 +31,19 @@ class Q4_1Blocks:  # noqa: N801 (ggml's name for the format)
         rows, row_bytes = self.raw.shape
         return torch.Size((rows, row_bytes // Q4_1_BLOCK_BYTES * _VALUES))
 
+    def __getitem__(self, index: tuple[slice, ...]) -> Q4_1Blocks | torch.Tensor:
+        """A tensor-parallel shard's part (``(rows,)`` or ``(rows, columns)``, step 1): blocks
+        still when the columns start and end on blocks, else the part's floats."""
+        rows = index[0] if index else slice(None)
+        if len(index) < 2:
+            return Q4_1Blocks(self.raw[rows])
+        start, stop, step = index[1].indices(self.shape[1])
+        if step != 1 or start % _VALUES or stop % _VALUES:
+            return self.dequantize()[index]
+        return Q4_1Blocks(
+            self.raw[rows, start // _VALUES * Q4_1_BLOCK_BYTES : stop // _VALUES * Q4_1_BLOCK_BYTES]
+        )
+
     def dequantize(self) -> torch.Tensor:
         """The float32 matrix ``d * q + m``."""
         return torch.from_numpy(dequantize(self.raw, gguf.GGMLQuantizationType.Q4_1))

@@ -5,7 +5,7 @@ world size), with the layers that need a collective swapped in (:func:`apply_ten
 and each checkpoint tensor narrowed to the rank's shard (:func:`shard_checkpoint`).
 """
 
-from metrale_model_arch.parallel.apply import apply_tensor_parallel, apply_tensor_parallel_int8
+from metrale_model_arch.parallel.apply import apply_tensor_parallel, apply_tensor_parallel_quantized
 from metrale_model_arch.parallel.checkpoint_shard import shard_checkpoint
 from metrale_model_arch.parallel.layers import (
     ExpertParallelMoeBlock,
@@ -29,7 +29,7 @@ __all__ = [
     "TensorShard",
     "VocabParallelEmbedding",
     "apply_tensor_parallel",
-    "apply_tensor_parallel_int8",
+    "apply_tensor_parallel_quantized",
     "check_runs_split",
     "gather_vocab_logits",
     "shard_checkpoint",

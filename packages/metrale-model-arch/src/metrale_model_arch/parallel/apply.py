@@ -8,10 +8,12 @@ from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.llama import LlamaAttention, LlamaMLP
 from metrale_model_arch.families.moe import SparseMoeBlock
+from metrale_model_arch.families.q4_layers import Q4Linear
 from metrale_model_arch.parallel.layers import (
     ExpertParallelMoeBlock,
     Int8RowParallelLinear,
     Int8VocabParallelEmbedding,
+    Q4RowParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
@@ -48,13 +50,16 @@ def apply_tensor_parallel(model: CausalLM, shard: TensorShard) -> None:
         head.weight = inner.embed_tokens.weight
 
 
-def apply_tensor_parallel_int8(model: CausalLM, shard: TensorShard) -> None:
-    """After :func:`apply_tensor_parallel` and the int8 swap (which replaced the row-parallel
-    projections and the embeddings with plain int8 stand-ins): give them back their collective.
-    Same buffers and names; only the forward changes."""
+def apply_tensor_parallel_quantized(model: CausalLM, shard: TensorShard) -> None:
+    """After :func:`apply_tensor_parallel` and the int8 or q4 swap (which replaced the
+    row-parallel projections and the embeddings with plain quantized stand-ins): give them back
+    their collective. Same buffers and names; only the loading and the forward change."""
     for name, module in model.named_modules():
-        if isinstance(module, Int8Linear) and name.rpartition(".")[2] in ROW_PARALLEL:
+        row_parallel = name.rpartition(".")[2] in ROW_PARALLEL
+        if isinstance(module, Int8Linear) and row_parallel:
             module.__class__ = Int8RowParallelLinear
+        elif isinstance(module, Q4Linear) and row_parallel:
+            module.__class__ = Q4RowParallelLinear
         elif isinstance(module, Int8Embedding):
             module.__class__ = Int8VocabParallelEmbedding
             assert isinstance(module, Int8VocabParallelEmbedding)

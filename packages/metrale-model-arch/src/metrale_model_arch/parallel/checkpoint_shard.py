@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig
+from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
 from metrale_model_arch.parallel.shard import TensorShard
 
 _ATTENTION = re.compile(r".+\.self_attn\.(?P<proj>[qkvo])_proj\.(?P<kind>weight|bias)")
@@ -77,9 +78,12 @@ class CheckpointSharder:
 
 
 def shard_checkpoint(
-    weights: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, shard: TensorShard
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``weights`` of the whole model (``config`` is the unsplit one) -> this rank's part."""
+    weights: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]],
+    config: ModelConfig,
+    shard: TensorShard,
+) -> Iterator[tuple[str, torch.Tensor | Q4_1Blocks]]:
+    """``weights`` of the whole model (``config`` is the unsplit one) -> this rank's part (a
+    GGUF's Q4_1 blocks stay blocks where the part starts and ends on them)."""
     sharder = CheckpointSharder(config, shard)
     for name, tensor in weights:
         part = sharder.slice_of(name)

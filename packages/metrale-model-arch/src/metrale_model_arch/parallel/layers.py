@@ -5,6 +5,10 @@ Column-parallel projections need none: a rank's rows of q/k/v or gate/up are a p
 vocabulary-parallel embedding sums the ranks' lookups (each rank answers for its own rows and
 zeros elsewhere); the expert-parallel MoE block gathers the router's logits, runs the experts it
 holds on the tokens routed to them and sums the ranks' outputs.
+
+Quantized row-parallel projections give one process's result: each weight row's int8 scale is
+the whole row's, an activation row is written in digits over the whole row, and int8's int32
+partial sums add up exactly (q4's float block sums, like float weights', in another order).
 """
 
 from __future__ import annotations
@@ -17,15 +21,49 @@ from torch.nn import functional
 from metrale_kernels import dequantize_rows
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.moe import SparseMoeBlock
+from metrale_model_arch.families.q4_layers import Q4Linear
+
+
+class ProcessGroupSplit:
+    """The default process group's ranks as a :class:`metrale_kernels.ColumnSplit`."""
+
+    def max_(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+
+RANKS = ProcessGroupSplit()
 
 
 class RowParallelLinear(nn.Linear):
-    """``x @ W.T`` over this rank's input columns, summed over ranks, then the (whole) bias."""
+    """``x @ W.T`` over this rank's input columns, summed over ranks, then the (whole) bias.
+
+    16-bit activations: the partial products are summed in float32 and rounded once, as one
+    process's matmul accumulates and rounds (16-bit partials, each rounded before the sum,
+    changed a tiny bf16 model's greedy tokens).
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = functional.linear(x, self.weight)
+        out = float32_partial_product(x, self.weight)
         dist.all_reduce(out)
+        out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+def float32_partial_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` accumulated and returned in float32, whatever ``x``'s dtype."""
+    if x.dtype == torch.float32:
+        return functional.linear(x, weight)
+    rows = x.reshape(-1, x.shape[-1])
+    if x.is_cuda:
+        product = torch.mm(rows, weight.t(), out_dtype=torch.float32)
+    else:
+        # NOTE: no 16-bit matmul with a float32 result on the CPU: the weight is widened every
+        # call, a cost of split 16-bit serves on the CPU only (not timed; float32 has none).
+        product = rows.to(torch.float32) @ weight.to(torch.float32).t()
+    return product.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -45,18 +83,30 @@ class VocabParallelEmbedding(nn.Embedding):
 
 
 class Int8RowParallelLinear(Int8Linear):
-    """:class:`RowParallelLinear` over int8 weights: each rank's per-row scales are those of
-    its own columns."""
+    """:class:`RowParallelLinear` over int8 weights, one process's product bit for bit: a
+    weight row's scale is the whole row's (a collective while the checkpoint loads, in the same
+    order on every rank), the int32 partial sums add over the ranks."""
+
+    def write_rows(self, index: tuple[int | slice, ...], values: torch.Tensor) -> None:
+        self.quantize_into(index, values, split=RANKS)
 
     def forward(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        partial = self.backend.int8_linear(x, self.qweight, self.scale, None, out=out)
-        dist.all_reduce(partial)
-        return partial if self.bias is None else partial + self.bias
+        return self.backend.int8_linear(
+            x, self.qweight, self.scale, self.bias, out=out, split=RANKS
+        )
+
+
+class Q4RowParallelLinear(Q4Linear):
+    """:class:`RowParallelLinear` over q4 blocks (a rank's columns, whole blocks of 32): the
+    activation digits over the whole row, the float partial products summed, then the bias."""
+
+    def forward(self, x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.backend.q4_linear(x, self.packed, self.scales, self.bias, out=out, split=RANKS)
 
 
 class Int8VocabParallelEmbedding(Int8Embedding):
     """:class:`VocabParallelEmbedding` over an int8 table (``start`` set by
-    :func:`~metrale_model_arch.parallel.apply.apply_tensor_parallel_int8`)."""
+    :func:`~metrale_model_arch.parallel.apply.apply_tensor_parallel_quantized`)."""
 
     start: int
 

@@ -24,9 +24,10 @@ from metrale_model_arch.memory import (
     weight_bytes,
 )
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype, resolve_quantization
+from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.memory.preflight import (
     PreflightError,
+    engine_quantization,
     indexer_paged,
     plan_engine_memory,
     plan_log_lines,
@@ -59,11 +60,7 @@ def run_memory(
     config = read_config(model)
     device = plan_device(engine_args.device, device_memory_gib)
     dtype = resolve_dtype(engine_args.dtype, device, config)
-    quantization = resolve_quantization(
-        engine_args.quantization, device, dtype, config, engine_args.kernel_backend
-    )
-    if engine_args.tensor_parallel_size > 1 and engine_args.quantization == "auto":
-        quantization = Quantization.NONE  # as the serve resolves it (preflight.plan_inputs)
+    quantization = engine_quantization(engine_args, config, device=device, dtype=dtype)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)
     try:
         plan = plan_engine_memory(

@@ -90,15 +90,7 @@ def plan_inputs(
     Raises ``ValueError`` naming ``--block-size`` when the paged DSA indexer cannot use it.
     """
     if quantization is None:
-        if args.tensor_parallel_size > 1 and args.quantization == "auto":
-            # NOTE: q4 blocks do not split over ranks, and split int8 weights quantize each
-            # rank's columns of o_proj and down_proj apart: a split serve keeps float weights
-            # (a Q4_1 GGUF dequantized exactly), the same split or not.
-            quantization = Quantization.NONE
-        else:
-            quantization = resolve_quantization(
-                args.quantization, device, dtype, config, args.kernel_backend
-            )
+        quantization = engine_quantization(args, config, device=device, dtype=dtype)
     paged = indexer_paged()
     block_size = resolve_block_size(args, config)
     speculative = args.speculative_config
@@ -165,6 +157,15 @@ def plan_engine_memory(
         args, config, device=device, dtype=dtype, total_bytes=total_bytes, quantization=quantization
     )
     return plan_memory(shard_config(config, args.tensor_parallel_size), inputs)
+
+
+def engine_quantization(
+    args: EngineArgs, config: ModelConfig, *, device: torch.device, dtype: torch.dtype
+) -> Quantization:
+    """The weights' format ``args`` asks for, ``auto`` resolved for one rank's part of the model
+    (q4 blocks must tile each rank's projections)."""
+    rank_config = shard_config(config, args.tensor_parallel_size)
+    return resolve_quantization(args.quantization, device, dtype, rank_config, args.kernel_backend)
 
 
 def weight_format(inputs: PlanInputs) -> str:
