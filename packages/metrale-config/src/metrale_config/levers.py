@@ -55,8 +55,15 @@ LEVERS: Mapping[str, Lever] = _declare(
     Lever(
         name="METRALE_MAX_BODY_BYTES",
         type=int,
-        default=32 * 1024 * 1024,
-        doc="Largest HTTP request body accepted, in bytes.",
+        default=8 * 1024 * 1024,
+        doc="Largest HTTP request body accepted, in bytes (met serve --max-body-bytes).",
+    ),
+    Lever(
+        name="METRALE_API_KEY",
+        type=str,
+        default=None,
+        doc="API keys for met serve, whitespace-separated, as --api-key takes them (and out of "
+        "sight of ps).",
     ),
     Lever(
         name="METRALE_GLM_DSA_INDEXER_FLAT",

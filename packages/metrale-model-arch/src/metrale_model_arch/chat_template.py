@@ -113,6 +113,19 @@ class ChatTemplate:
         """
         return _loops_over_content(self.source)
 
+    def variable_error(self, name: str) -> str | None:
+        """Why a caller's variable (``chat_template_kwargs``) may not be named ``name``, or
+        None: it must be an identifier, not private, and not one the template's own
+        rendering sets (messages, tools, the special tokens, the environment's globals such as
+        ``raise_exception``)."""
+        if not name.isidentifier() or name.startswith("_") or name == "self":
+            return "is not a template variable a request may set"
+        if name in RENDER_VARIABLES or name in self.special_tokens:
+            return "is set by the request or the tokenizer, not through chat_template_kwargs"
+        if name in _environment().globals:
+            return "names one of the template's own functions"
+        return None
+
     def render(
         self,
         messages: Sequence[Message],
@@ -237,6 +250,10 @@ def _tojson(
 
 def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
+
+
+# What ``render`` passes itself; a caller's variables may not replace them.
+RENDER_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 @lru_cache(maxsize=1)

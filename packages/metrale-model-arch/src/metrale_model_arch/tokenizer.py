@@ -209,6 +209,13 @@ class Tokenizer:
             if added.special
         )
 
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes of text one token stands for, at most (its vocabulary spelling
+        in UTF-8, which is never shorter): a text of ``b`` bytes is at least
+        ``b / max_token_bytes()`` tokens. One pass over the vocabulary."""
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return max((len(token.encode()) for token in vocab), default=1)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 

@@ -133,8 +133,11 @@ def parse_sse(raw: bytes) -> list[Any]:
 
 
 @contextmanager
-def running_server(engine: Engine, model_name: str = MODEL_NAME) -> Iterator[RunningServer]:
-    """``engine`` served over HTTP until the block exits."""
+def running_server(
+    engine: Engine, model_name: str = MODEL_NAME, **state_fields: Any
+) -> Iterator[RunningServer]:
+    """``engine`` served over HTTP until the block exits; ``state_fields`` set ``ServerState``
+    fields read when the app is made (``allowed_origins``)."""
     async_engine = AsyncEngine(engine)
     state = ServerState(
         async_engine=async_engine,
@@ -143,6 +146,7 @@ def running_server(engine: Engine, model_name: str = MODEL_NAME) -> Iterator[Run
         api_keys=(),
         request_timeout_s=None,
         max_body_bytes=1 << 20,
+        **state_fields,
     )
     state.is_ready = True
     app = create_app(state)

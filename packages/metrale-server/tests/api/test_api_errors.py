@@ -3,6 +3,8 @@ the server serving; auth and the body limit guard the routes."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
@@ -231,15 +233,27 @@ def test_an_exception_in_a_route_is_a_500_and_the_server_goes_on(
     finally:
         server.app.router.routes.remove(route)
     assert response.status_code == 500
-    error = assert_error_shape(response.json(), param=None, code=None)
+    error = assert_error_shape(response.json(), param=None, code="internal_error")
     assert error["type"] == "server_error"
-    assert "RuntimeError" in error["message"]
+    # The body names an id to find the failure by in the log, and says nothing of it.
+    error_id = response.headers["x-error-id"]
+    assert re.fullmatch(r"err-[0-9a-f]{16}", error_id)
+    assert error_id in error["message"]
+    assert "a bug" not in error["message"]
+    assert "RuntimeError" not in error["message"]
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert logged
+    assert logged[0].exc_info is not None
+    assert "a bug" in str(logged[0].exc_info[1])
     assert server.client.post(COMPLETIONS, json=completion()).status_code == 200
 
 
 @pytest.mark.parametrize("is_streamed", [False, True])
 def test_an_engine_failure_is_a_500_or_an_error_event(
-    server: Any, monkeypatch: pytest.MonkeyPatch, is_streamed: bool
+    server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    is_streamed: bool,
 ) -> None:
     engine: Engine = server.engine
     original_step = engine.core.step
@@ -258,12 +272,17 @@ def test_an_engine_failure_is_a_500_or_an_error_event(
         assert response.status_code == 200
         frames = response.content.split(b"\n\n")
         assert frames[-2:] == [b"data: [DONE]", b""]
-        assert b'"error"' in frames[-3]
-        assert b"injected engine failure" in frames[-3]
+        error = json.loads(frames[-3].removeprefix(b"data: "))["error"]
     else:
         assert response.status_code == 500
-        error = assert_error_shape(response.json(), param=None, code=None)
-        assert "injected engine failure" in error["message"]
+        error = assert_error_shape(response.json(), param=None, code="internal_error")
+    assert error["code"] == "internal_error"
+    error_id = re.search(r"err-[0-9a-f]{16}", error["message"])
+    assert error_id is not None
+    assert "injected engine failure" not in error["message"]
+    logged = [r.getMessage() for r in caplog.records if error_id[0] in r.getMessage()]
+    assert logged
+    assert "injected engine failure" in logged[0]
     assert server.client.post(CHAT, json=chat()).status_code == 200
     server.wait_idle()
 

@@ -34,6 +34,13 @@ SERVE_FLAGS = (
     "--device",
     "--api-key",
     "--api-key-file",
+    "--protect-observability",
+    "--allowed-hosts",
+    "--allowed-origins",
+    "--ssl-certfile",
+    "--ssl-keyfile",
+    "--max-body-bytes",
+    "--max-queued-requests",
     "--request-timeout",
     "--drain-timeout",
     "--seed",
@@ -115,6 +122,10 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--served-model-name", ""], "--served-model-name"),
         (["--chat-template", "/no/such/template.jinja"], "--chat-template"),
         (["--api-key-file", "/no/such/keys.txt"], "--api-key-file"),
+        (["--protect-observability"], "--protect-observability"),
+        (["--ssl-certfile", "/no/such/cert.pem"], "--ssl-certfile"),
+        (["--max-body-bytes", "10"], "--max-body-bytes"),
+        (["--max-queued-requests", "-1"], "--max-queued-requests"),
         (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
         (["--tool-call-parser", "openai_required"], "--tool-call-parser"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
@@ -131,6 +142,15 @@ def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str)
     result = runner.invoke(main, ["serve", *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_a_tls_key_without_its_certificate_is_refused(runner: CliRunner, tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("not read: the flags are checked first")
+    result = runner.invoke(main, ["serve", "--ssl-keyfile", str(key)])
+    assert result.exit_code == 2
+    assert "--ssl-keyfile" in result.output
+    assert "needs --ssl-certfile" in result.output
 
 
 def test_empty_api_key_file_is_refused(runner: CliRunner, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from functools import partial
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,6 +26,7 @@ from metrale_server.api.errors import (
 )
 from metrale_server.api.memory_route import get_memory
 from metrale_server.api.recent_requests import list_recent_requests
+from metrale_server.api.request_guard import RequestGuardMiddleware
 from metrale_server.api.server_info import server_info
 from metrale_server.api.state import ServerState
 
@@ -36,7 +38,9 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 def create_app(state: ServerState) -> Starlette:
     """The OpenAI-compatible API over ``state``; routes, middleware and error shapes.
 
-    Middleware, outermost first: internal errors become 500s, then auth, then the body limit.
+    Middleware, outermost first: CORS for ``state.allowed_origins`` (none by default: a page
+    on another origin cannot read a response), internal errors become 500s, the Host and
+    content-type guard, auth, then the body limit.
     """
 
     def bound(endpoint: Callable[..., Awaitable[Response]]) -> Endpoint:
@@ -67,7 +71,9 @@ def create_app(state: ServerState) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[
+            *cors_middleware(state.allowed_origins),
             Middleware(InternalErrorMiddleware),
+            Middleware(RequestGuardMiddleware, state=state),
             Middleware(AuthMiddleware, state=state),
             Middleware(BodyLimitMiddleware, state=state),
         ],
@@ -76,3 +82,19 @@ def create_app(state: ServerState) -> Starlette:
             HTTPException: http_exception_handler,
         },
     )
+
+
+def cors_middleware(allowed_origins: tuple[str, ...]) -> list[Middleware]:
+    """CORS for these origins (``*``: any), with the headers an API client sends; none when
+    empty, so a browser lets no other origin read a response or send a JSON POST."""
+    if not allowed_origins:
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
+        )
+    ]

@@ -1,4 +1,5 @@
-"""Bearer-token auth as a plain ASGI middleware; health and metrics stay open."""
+"""Bearer-token auth as a plain ASGI middleware; health stays open, and metrics and memory
+unless ``state.protect_observability``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from metrale_server.api.errors import ApiError, closing_if_body
 from metrale_server.api.state import ServerState
 
-OPEN_PATHS = frozenset({"/health", "/health/live", "/metrics", "/memory"})
+HEALTH_PATHS = frozenset({"/health", "/health/live"})
+OBSERVABILITY_PATHS = frozenset({"/metrics", "/memory"})
+
+
+def is_open(path: str, state: ServerState) -> bool:
+    """Whether ``path`` is served without a key."""
+    return path in HEALTH_PATHS or (path in OBSERVABILITY_PATHS and not state.protect_observability)
 
 
 def is_authorized(authorization: str | None, api_keys: tuple[str, ...]) -> bool:
@@ -31,7 +38,7 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         api_keys = self.state.api_keys
-        if scope["type"] != "http" or not api_keys or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not api_keys or is_open(scope["path"], self.state):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

@@ -35,12 +35,14 @@ ROLE = "assistant"
 
 
 async def create_chat_completion(request: Request, *, state: ServerState) -> Response:
-    body = parse_json_object(await request.body())
-    parsed = parse_chat_request(
-        body,
-        state.engine,
-        state.served_model_name,
-        tool_call_parser=state.tool_call_parser,
+    raw = await request.body()
+    parsed = await state.preparer.run(
+        lambda: parse_chat_request(
+            parse_json_object(raw),
+            state.engine,
+            state.served_model_name,
+            tool_call_parser=state.tool_call_parser,
+        )
     )
     await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(

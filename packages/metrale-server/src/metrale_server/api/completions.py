@@ -32,8 +32,12 @@ from metrale_server.output.outputs import RequestOutput
 
 
 async def create_completion(request: Request, *, state: ServerState) -> Response:
-    body = parse_json_object(await request.body())
-    parsed = parse_completion_request(body, state.engine, state.served_model_name)
+    raw = await request.body()
+    parsed = await state.preparer.run(
+        lambda: parse_completion_request(
+            parse_json_object(raw), state.engine, state.served_model_name
+        )
+    )
     await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
     header = ResponseHeader.new(
         id_prefix="cmpl", object="text_completion", model=state.served_model_name

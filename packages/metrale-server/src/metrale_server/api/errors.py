@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -80,6 +81,22 @@ def bad_request(message: str, *, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def internal_error(
+    what: str, *, headers: Mapping[str, str] | None = None, log_traceback: bool = True
+) -> ApiError:
+    """A 500 whose body names a fresh error id and nothing of the failure; the log line, with
+    the traceback of the exception being handled, carries the same id and says ``what``."""
+    error_id = f"err-{secrets.token_hex(8)}"
+    log = logger.exception if log_traceback else logger.error
+    log("%s (error id %s)", what, error_id)
+    return ApiError(
+        500,
+        f"internal server error (error id {error_id}: the server log has the details)",
+        code="internal_error",
+        headers={**(headers or {}), "X-Error-Id": error_id},
+    )
+
+
 async def api_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
     return error.to_response()
@@ -126,10 +143,9 @@ class InternalErrorMiddleware:
         except Exception as error:
             if is_started:
                 raise
-            logger.exception("internal error serving %s %s", scope["method"], scope["path"])
-            response = ApiError(
-                500,
-                f"internal server error ({type(error).__name__})",
+            del error  # internal_error logs it, traceback and all
+            response = internal_error(
+                f"internal error serving {scope['method']} {scope['path']}",
                 headers=closing_if_body(Headers(scope=scope)),
             )
             await response.to_response()(scope, receive, send)

@@ -18,6 +18,7 @@ from metrale_server.output.outputs import RequestOutput
 
 # OpenAI's reason for output cut short; the log line says it was the timeout.
 TIMEOUT_FINISH_REASON = "length"
+RETRY_AFTER_S = 1  # a full queue drains as the batch finishes requests
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,11 @@ def _as_timed_out(output: RequestOutput) -> RequestOutput:
 def start_generations(
     state: ServerState, response_id: str, prompts: Sequence[Prompt]
 ) -> list[Generation]:
-    """One generation per prompt; if one is refused, those already started are aborted."""
+    """One generation per prompt; if one is refused, those already started are aborted. A 429
+    when they would not fit in the queue (``state.max_queued_requests``)."""
     if state.is_draining:
         raise ApiError(503, "the server is shutting down", code="server_shutting_down")
+    check_queue_room(state, len(prompts))
     generations: list[Generation] = []
     try:
         for index, prompt in enumerate(prompts):
@@ -117,6 +120,25 @@ def start_generations(
             generation.close()
         raise
     return generations
+
+
+def check_queue_room(state: ServerState, num_new: int) -> None:
+    """Raises a 429 (``Retry-After``) when ``num_new`` more requests would wait past the bound:
+    those in flight here less those the engine runs are waiting."""
+    limit = state.max_queued_requests
+    if limit is None:
+        return
+    running = state.engine.core.published_stats.num_running_requests
+    waiting = max(0, state.num_active_requests - running)
+    if waiting + num_new > limit:
+        raise ApiError(
+            429,
+            f"the server is at capacity: {waiting} requests are waiting for the running batch "
+            f"(at most {limit}, met serve --max-queued-requests); retry later",
+            code="queue_full",
+            type="rate_limit_error",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
 
 def close_all(generations: Sequence[Generation]) -> None:

@@ -11,11 +11,31 @@ from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.errors import ApiError, bad_request, closing_if_body
 from metrale_server.api.fields import Fields, is_int, parse_json_object
-from metrale_server.api.protocol import check_model, render_chat_prompt
+from metrale_server.api.protocol import check_model, check_prompt_text, render_chat_prompt
 from metrale_server.api.state import ServerState
 from metrale_server.api.tool_fields import read_tool_request
 
 NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
+
+
+def _tokenize(raw: bytes, state: ServerState) -> tuple[Fields, list[int]]:
+    """The request's fields and its text's tokens (the chat template's, with ``messages``)."""
+    fields = Fields(parse_json_object(raw))
+    check_model(fields, state.served_model_name)
+    if fields.has("messages"):
+        # The tools only shape the prompt here: how calls would be read does not matter.
+        tools = read_tool_request(fields, has_parser=True)
+        text = render_chat_prompt(state.engine, fields, tools=tools.template_tools)
+        param = "messages"
+        add_special_tokens = fields.read_bool("add_special_tokens", False)
+    else:
+        prompt = fields.read_optional_str("prompt")
+        if prompt is None:
+            raise bad_request("prompt: is required (or messages)", param="prompt")
+        text, param = prompt, "prompt"
+        add_special_tokens = fields.read_bool("add_special_tokens", True)
+    check_prompt_text(fields, param, text, state.engine)
+    return fields, state.engine.loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def model_card(state: ServerState) -> dict[str, Any]:
@@ -24,7 +44,9 @@ def model_card(state: ServerState) -> dict[str, Any]:
         "object": "model",
         "created": int(state.started_at),
         "owned_by": "metrale",
-        "root": str(state.engine.loaded.source.path),
+        # The checkpoint's file or directory name: its absolute path says who runs the server
+        # where, to anyone who can read this route.
+        "root": state.engine.loaded.source.path.name,
         "max_model_len": state.engine.max_seq_len,
     }
 
@@ -69,21 +91,9 @@ async def server_version(request: Request) -> Response:
 
 async def tokenize(request: Request, *, state: ServerState) -> Response:
     """vLLM's shape: ``prompt`` (or chat ``messages``) → ``{count, max_model_len, tokens}``."""
-    fields = Fields(parse_json_object(await request.body()))
-    check_model(fields, state.served_model_name)
+    raw = await request.body()
+    fields, tokens = await state.preparer.run(lambda: _tokenize(raw, state))
     loaded = state.engine.loaded
-    if fields.has("messages"):
-        # The tools only shape the prompt here: how calls would be read does not matter.
-        tools = read_tool_request(fields, has_parser=True)
-        text = render_chat_prompt(state.engine, fields, tools=tools.template_tools)
-        add_special_tokens = fields.read_bool("add_special_tokens", False)
-    else:
-        prompt = fields.read_optional_str("prompt")
-        if prompt is None:
-            raise bad_request("prompt: is required (or messages)", param="prompt")
-        text = prompt
-        add_special_tokens = fields.read_bool("add_special_tokens", True)
-    tokens = loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
     token_strs = None
     is_returning_strs = fields.read_bool("return_token_strs", False)
     fields.refuse_unread()

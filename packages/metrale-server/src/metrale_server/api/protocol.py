@@ -6,11 +6,12 @@ and fitted ``SamplingParams`` for each prompt, and every refusal names its field
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
 
-from metrale_model_arch import ChatTemplateError
+from metrale_model_arch import ChatTemplateError, Tokenizer
 from metrale_server.api.chat_messages import read_messages
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
@@ -22,9 +23,9 @@ from metrale_server.parsers import SPECIAL_TOKEN_FORMATS
 from metrale_server.sampling.params import SamplingParams
 
 MAX_PROMPTS = 64
+MAX_SEQUENCES_PER_REQUEST = 256  # prompts x n
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Variables the chat template gets from the request's own fields.
-RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 @attrs.frozen(kw_only=True)
@@ -108,7 +109,7 @@ def parse_completion_request(
                 sampling.fit(len(token_ids), engine, prompt_param="prompt"), structured
             ),
         )
-        for text, token_ids in _read_prompts(fields, engine)
+        for text, token_ids in _read_prompts(fields, engine, sampling.params.n)
     )
     fields.read_optional_str("user")
     fields.refuse_unread()
@@ -153,6 +154,7 @@ def parse_chat_request(
     text = render_chat_prompt(engine, fields, tools=tools.template_tools)
     fields.read_optional_str("user")
     fields.refuse_unread()
+    check_prompt_text(fields, "messages", text, engine)
     token_ids = tuple(engine.loaded.tokenizer.encode(text, add_special_tokens=False))
     if not token_ids:
         fields.fail("messages", "the rendered conversation is empty")
@@ -200,9 +202,10 @@ def render_chat_prompt(
     messages = read_messages(fields)
     add_generation_prompt = fields.read_bool("add_generation_prompt", True)
     kwargs = fields.read_object("chat_template_kwargs")
-    reserved = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(kwargs.body))
-    if reserved:
-        kwargs.fail(reserved[0], "is set by the request itself, not through chat_template_kwargs")
+    template = engine.loaded.chat_template
+    for name in sorted(kwargs.body):
+        if (error := template.variable_error(name)) is not None:
+            kwargs.fail(name, error)
     try:
         return engine.loaded.render_chat(
             messages,
@@ -214,7 +217,26 @@ def render_chat_prompt(
         raise bad_request(str(error), param="messages") from error
 
 
-def _read_prompts(fields: Fields, engine: Engine) -> list[tuple[str | None, tuple[int, ...]]]:
+@functools.lru_cache(maxsize=4)
+def _max_token_bytes(tokenizer: Tokenizer) -> int:
+    return tokenizer.max_token_bytes()
+
+
+def check_prompt_text(fields: Fields, param: str, text: str, engine: Engine) -> None:
+    """A 400 for a text too long to be ``max_seq_len`` tokens, before any time goes into
+    tokenizing it (each token stands for at most ``max_token_bytes`` of text)."""
+    limit = engine.max_seq_len * _max_token_bytes(engine.loaded.tokenizer)
+    if len(text) > limit or len(text.encode()) > limit:
+        fields.fail(
+            param,
+            f"the text is longer than any prompt of max_seq_len ({engine.max_seq_len}) tokens "
+            f"can be ({limit} bytes)",
+        )
+
+
+def _read_prompts(
+    fields: Fields, engine: Engine, n: int
+) -> list[tuple[str | None, tuple[int, ...]]]:
     value = fields.raw("prompt")
     if value is None:
         fields.fail("prompt", "is required")
@@ -230,11 +252,18 @@ def _read_prompts(fields: Fields, engine: Engine) -> list[tuple[str | None, tupl
         fields.fail("prompt", "must not be empty")
     if len(items) > MAX_PROMPTS:
         fields.fail("prompt", f"at most {MAX_PROMPTS} prompts, got {len(items)}")
+    if len(items) * n > MAX_SEQUENCES_PER_REQUEST:
+        fields.fail(
+            "n",
+            f"{len(items)} prompts x n={n} is {len(items) * n} sequences; at most "
+            f"{MAX_SEQUENCES_PER_REQUEST} in one request",
+        )
     tokenizer = engine.loaded.tokenizer
     vocab_size = engine.loaded.config.vocab_size
     prompts: list[tuple[str | None, tuple[int, ...]]] = []
     for item in items:
         if isinstance(item, str):
+            check_prompt_text(fields, "prompt", item, engine)
             prompts.append((item, tuple(tokenizer.encode(item, add_special_tokens=True))))
         elif all(is_int(t) and 0 <= t < vocab_size for t in item):
             prompts.append((None, tuple(item)))

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from metrale_server.api.errors import ApiError
+from metrale_server.api.errors import internal_error
 from metrale_server.api.protocol import Prompt
 from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
 
@@ -44,9 +44,11 @@ class ResponseHeader:
 
 
 def raise_if_failed(output: RequestOutput) -> None:
-    """An output the engine failed (``error`` set) is a 500."""
+    """An output the engine failed (``error`` set) is a 500; the failure is logged, not sent."""
     if output.error is not None:
-        raise ApiError(500, f"the engine failed this request: {output.error}")
+        raise internal_error(
+            f"the engine failed request {output.request_id}: {output.error}", log_traceback=False
+        )
 
 
 def usage_body(prompts: Sequence[Prompt], finals: Sequence[RequestOutput]) -> dict[str, Any]:

@@ -11,6 +11,9 @@ from metrale_server.sampling.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 128
 MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0
 MAX_SEED = 2**63 - 1
 
@@ -127,11 +130,15 @@ def _stop_strings(fields: Fields) -> tuple[str, ...]:
         fields.fail("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     if not all(stops):
         fields.fail("stop", "stop strings must not be empty")
+    if any(len(stop) > MAX_STOP_STRING_CHARS for stop in stops):
+        fields.fail("stop", f"a stop string is at most {MAX_STOP_STRING_CHARS} characters")
     return tuple(stops)
 
 
 def _token_ids(fields: Fields, name: str, vocab_size: int) -> tuple[int, ...]:
     values = fields.read_list(name) or []
+    if len(values) > MAX_STOP_TOKEN_IDS:
+        fields.fail(name, f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(values)}")
     if not all(is_int(v) and 0 <= v < vocab_size for v in values):
         fields.fail(name, f"expected token ids in 0..{vocab_size - 1}")
     return tuple(values)
@@ -143,6 +150,8 @@ def _logit_bias(fields: Fields, vocab_size: int) -> dict[int, float] | None:
         return None
     if not isinstance(value, dict):
         fields.fail("logit_bias", f"expected an object, got {describe(value)}")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        fields.fail("logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(value)}")
     biases: dict[int, float] = {}
     for key, bias in value.items():
         try:

@@ -9,10 +9,11 @@ import attrs
 
 from metrale_server.api.logprobs import TokenTexts
 from metrale_server.api.metrics import ServerMetrics
+from metrale_server.api.prepare import RequestPreparer
 from metrale_server.engine.async_engine import AsyncEngine
 from metrale_server.engine.engine import Engine
 
-DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
 
 def _keys(keys: Iterable[str]) -> tuple[str, ...]:
@@ -37,6 +38,12 @@ class ServerState:
     ``is_draining`` (set on shutdown) answers new generation requests with 503 while the ones
     in flight (``num_active_requests``) finish. ``tool_call_parser`` and ``reasoning_parser``
     name the parsers chat outputs go through (``--tool-call-parser``, ``--reasoning-parser``).
+
+    The guards (:mod:`metrale_server.api.request_guard`): ``allowed_hosts`` the ``Host`` names
+    served (``None``: any); ``allowed_origins`` the web origins CORS lets read responses (read
+    when the app is made); ``protect_observability`` puts ``/metrics`` and ``/memory`` behind
+    the API key; ``max_queued_requests`` bounds the requests waiting for the running batch
+    (``None``: unbounded), past which a generation request gets a 429.
     """
 
     async_engine: AsyncEngine
@@ -47,6 +54,10 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    allowed_hosts: frozenset[str] | None = None
+    allowed_origins: tuple[str, ...] = ()
+    protect_observability: bool = False
+    max_queued_requests: int | None = None
     metrics: ServerMetrics = attrs.field(
         default=attrs.Factory(
             lambda self: ServerMetrics(self.engine, self.served_model_name), takes_self=True
@@ -58,6 +69,7 @@ class ServerState:
         ),
         repr=False,
     )
+    preparer: RequestPreparer = attrs.field(factory=RequestPreparer, repr=False)
     started_at: float = attrs.field(factory=time.time)
     is_ready: bool = False
     is_draining: bool = False

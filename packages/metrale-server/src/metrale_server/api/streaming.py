@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from metrale_server.api.errors import ApiError
-
-logger = logging.getLogger(__name__)
+from metrale_server.api.errors import ApiError, internal_error
 
 DONE_EVENT = "data: [DONE]\n\n"
 
@@ -29,9 +26,8 @@ async def guarded_events(events: AsyncGenerator[str, None]) -> AsyncGenerator[st
             yield event
     except ApiError as error:
         yield sse_event(error.to_body())
-    except Exception as error:
-        logger.exception("internal error in an event stream")
-        yield sse_event(ApiError(500, f"internal server error ({type(error).__name__})").to_body())
+    except Exception:
+        yield sse_event(internal_error("internal error in an event stream").to_body())
     finally:
         await events.aclose()
     yield DONE_EVENT

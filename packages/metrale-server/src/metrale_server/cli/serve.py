@@ -52,14 +52,60 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "--api-key",
     "api_keys",
     multiple=True,
+    envvar="METRALE_API_KEY",
     help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeatable; "
-    "/health*, /metrics and /memory stay open).",
+    "/health* stays open, and /metrics and /memory unless protected too). Also "
+    "METRALE_API_KEY (whitespace-separated keys), out of sight of ps.",
 )
 @click.option(
     "--api-key-file",
     type=_FILE,
     default=None,
     help="Read more API keys from FILE, one per line.",
+)
+@click.option(
+    "--protect-observability",
+    is_flag=True,
+    help="Put /metrics and /memory behind the API key too.",
+)
+@click.option(
+    "--allowed-hosts",
+    multiple=True,
+    help="Host names the server answers to (repeatable; '*': any). Default: this machine's "
+    "names when bound to a loopback address (a web page that rebinds its own name to it gets "
+    "a 400), any otherwise.",
+)
+@click.option(
+    "--allowed-origins",
+    multiple=True,
+    help="Web origins (https://app.example) whose pages may call the API, by CORS (repeatable; "
+    "'*': any). Default: none.",
+)
+@click.option(
+    "--ssl-certfile",
+    type=_FILE,
+    default=None,
+    help="Serve HTTPS with this PEM certificate (chain).",
+)
+@click.option(
+    "--ssl-keyfile",
+    type=_FILE,
+    default=None,
+    help="The private key of --ssl-certfile, when the certificate file does not hold it.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=None,
+    help="Largest request body accepted, in bytes (413 past it). Default: "
+    "METRALE_MAX_BODY_BYTES, else 8 MiB.",
+)
+@click.option(
+    "--max-queued-requests",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Requests that may wait for the running batch; past it a 429 with Retry-After. "
+    "Default: 4 per sequence the batch holds; 0: no bound.",
 )
 @click.option(
     "--request-timeout",
@@ -130,6 +176,13 @@ def serve(
     served_model_name: str | None,
     api_keys: tuple[str, ...],
     api_key_file: Path | None,
+    protect_observability: bool,
+    allowed_hosts: tuple[str, ...],
+    allowed_origins: tuple[str, ...],
+    ssl_certfile: Path | None,
+    ssl_keyfile: Path | None,
+    max_body_bytes: int | None,
+    max_queued_requests: int | None,
     request_timeout: float,
     drain_timeout: float,
     seed: int,
@@ -162,6 +215,13 @@ def serve(
             keys += read_api_key_file(api_key_file)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="'--api-key-file'") from error
+    if protect_observability and not keys:
+        raise click.BadParameter(
+            "needs an API key (--api-key, --api-key-file or METRALE_API_KEY) to protect them with",
+            param_hint="'--protect-observability'",
+        )
+    if ssl_keyfile is not None and ssl_certfile is None:
+        raise click.BadParameter("needs --ssl-certfile", param_hint="'--ssl-keyfile'")
     if enable_auto_tool_choice and tool_call_parser is None:
         raise click.BadParameter(
             "needs --tool-call-parser to say how the model writes its calls",
@@ -205,7 +265,13 @@ def serve(
         chat_template=template,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
-        max_body_bytes=read_int_lever("METRALE_MAX_BODY_BYTES"),
+        max_body_bytes=max_body_bytes or read_int_lever("METRALE_MAX_BODY_BYTES"),
+        max_queued_requests=max_queued_requests,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
+        protect_observability=protect_observability,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
         log_level=log_level.lower(),
     )
     from metrale_server.cli.serve_runtime import (  # Hypercorn, Starlette, torch

@@ -17,7 +17,10 @@ class ServeArgs:
     """The server's settings; ``engine_args`` shapes the engine, the rest the HTTP side.
 
     ``request_timeout_s`` is ``None`` when requests may run for ever; ``drain_timeout_s`` bounds
-    how long in-flight requests may run after SIGTERM.
+    how long in-flight requests may run after SIGTERM. ``max_queued_requests`` ``None``: the
+    default from the plan (:func:`default_max_queued_requests`), 0: no bound.
+    ``allowed_hosts`` empty: the default for ``host`` (``request_guard.default_allowed_hosts``),
+    ``*`` among them: any.
     """
 
     engine_args: EngineArgs
@@ -30,8 +33,18 @@ class ServeArgs:
     chat_template: ChatTemplate | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
-    max_body_bytes: int = 32 * 2**20
+    max_body_bytes: int = 8 * 2**20
+    max_queued_requests: int | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    protect_observability: bool = False
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
     log_level: str = "info"
+
+    @property
+    def is_tls(self) -> bool:
+        return self.ssl_certfile is not None
 
     @property
     def is_all_interfaces(self) -> bool:
@@ -42,6 +55,14 @@ class ServeArgs:
         """The address as Hypercorn takes it (IPv6 hosts in brackets)."""
         host = self.host.strip("[]")
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+# Requests that may wait for the running batch, per sequence the batch holds, by default.
+QUEUED_PER_BATCH_SLOT = 4
+
+
+def default_max_queued_requests(max_batch_size: int) -> int:
+    return QUEUED_PER_BATCH_SLOT * max_batch_size
 
 
 def default_served_model_name(source: ModelSource) -> str:

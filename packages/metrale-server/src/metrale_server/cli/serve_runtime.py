@@ -19,6 +19,7 @@ import concurrent.futures
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING, cast
@@ -30,7 +31,8 @@ from metrale_model_arch import load_model, read_model_config, resolve_model
 from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
-from metrale_server.cli.serve_args import ServeArgs
+from metrale_server.api.request_guard import default_allowed_hosts
+from metrale_server.cli.serve_args import ServeArgs, default_max_queued_requests
 from metrale_server.devices import (
     format_choice_lines,
     kernel_summary,
@@ -58,6 +60,7 @@ EXIT_LOAD_FAILED = 1
 EXIT_WORKER_LOST = 1
 CONNECTION_GRACE_S = 5.0
 DRAIN_POLL_S = 0.05
+READ_TIMEOUT_S = 60  # seconds: the longest wait for the next bytes of a request
 
 
 class ServeError(RuntimeError):
@@ -82,10 +85,12 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
     dashboard = _start_dashboard(args, sockets) if show_dashboard else None
     try:
         warn_if_exposed(args)
-        for sock in sockets.insecure_sockets:
+        scheme = "https" if args.is_tls else "http"
+        for sock in _listening(sockets):
             host, port = sock.getsockname()[:2]
             logger.info(
-                "address: http://%s/ (/health is 503 until the model is loaded)",
+                "address: %s://%s/ (/health is 503 until the model is loaded)",
+                scheme,
                 _url_host(host, port),
             )
         # The model loads on its own thread from here on, while the rest of the server (the
@@ -104,9 +109,10 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
 
 
 def _start_dashboard(args: ServeArgs, sockets: Sockets) -> ServeDashboard:
-    host, port = sockets.insecure_sockets[0].getsockname()[:2]
+    host, port = _listening(sockets)[0].getsockname()[:2]
     dashboard = ServeDashboard(
-        local_url(host, port), api_key=args.api_keys[0] if args.api_keys else None
+        local_url(host, port, scheme="https" if args.is_tls else "http"),
+        api_key=args.api_keys[0] if args.api_keys else None,
     )
     dashboard.start()
     return dashboard
@@ -140,9 +146,18 @@ def hypercorn_config(args: ServeArgs) -> Config:
     # Hypercorn's shutdown starts once the drain has ended every request; it cuts connections
     # still open after the grace (a client that stopped reading).
     config.graceful_timeout = CONNECTION_GRACE_S
+    # A client that stops sending mid-request (a slow upload holding its buffer) is cut off.
+    config.read_timeout = READ_TIMEOUT_S
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
+    if args.ssl_certfile is not None:
+        config.certfile = str(args.ssl_certfile)
+        config.keyfile = None if args.ssl_keyfile is None else str(args.ssl_keyfile)
     return config
+
+
+def _listening(sockets: Sockets) -> list[socket.socket]:
+    return [*sockets.secure_sockets, *sockets.insecure_sockets]
 
 
 def preflight(args: ServeArgs) -> MemoryPlan:
@@ -369,6 +384,10 @@ async def _serve(
             max_body_bytes=args.max_body_bytes,
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
+            allowed_hosts=allowed_hosts(args),
+            allowed_origins=args.allowed_origins,
+            protect_observability=args.protect_observability,
+            max_queued_requests=queue_bound(args, engine),
             metrics=LoggingServerMetrics(engine, args.served_model_name),
             is_draining=stop.is_set(),
         )
@@ -409,6 +428,8 @@ async def _serve(
         )
     finally:
         async_engine = await loader
+        if state is not None:
+            state.preparer.shutdown()
         if async_engine is not None:
             await asyncio.to_thread(async_engine.shutdown)
             await asyncio.to_thread(async_engine.engine.close)
@@ -426,6 +447,22 @@ def _prefix_caching_note(engine: Engine) -> str:
             ", prefix caching off (the model keeps per-sequence state a cached prefix would skip)"
         )
     return ""
+
+
+def allowed_hosts(args: ServeArgs) -> frozenset[str] | None:
+    """The ``Host`` names served: ``--allowed-hosts`` (``*``: any), else the bind's default."""
+    if not args.allowed_hosts:
+        return default_allowed_hosts(args.host)
+    if "*" in args.allowed_hosts:
+        return None
+    return frozenset(host.strip("[]").lower() for host in args.allowed_hosts)
+
+
+def queue_bound(args: ServeArgs, engine: Engine) -> int | None:
+    """``--max-queued-requests`` (0: none), by default a few per sequence the batch holds."""
+    if args.max_queued_requests is None:
+        return default_max_queued_requests(engine.max_batch_size)
+    return args.max_queued_requests or None
 
 
 def _url_host(host: str, port: int) -> str:

@@ -11,6 +11,7 @@ that rarely change (server info, version) are read once; ``/memory`` every
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -43,9 +44,11 @@ class HttpPoller:
         api_key: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         memory_interval_s: float = DEFAULT_MEMORY_INTERVAL_S,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._api_key = api_key
+        self._tls_context = tls_context
         self._timeout_s = timeout_s
         self._memory_interval_s = memory_interval_s
         self._server: ServerInfo | None = None
@@ -150,7 +153,9 @@ class HttpPoller:
         if self._api_key:
             request.add_header("Authorization", f"Bearer {self._api_key}")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+            with urllib.request.urlopen(
+                request, timeout=self._timeout_s, context=self._tls_context
+            ) as response:
                 return int(response.status), response.read()
         except urllib.error.HTTPError as error:
             return int(error.code), error.read()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Mapping
@@ -40,10 +41,10 @@ def is_dashboard_wanted(
     return _is_terminal(stdin) and _is_terminal(stdout)
 
 
-def local_url(host: str, port: int) -> str:
+def local_url(host: str, port: int, *, scheme: str = "http") -> str:
     """The URL this process reaches its own listener at (loopback for a wildcard bind)."""
     host = LOOPBACK.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 class ServeDashboard:
@@ -51,8 +52,10 @@ class ServeDashboard:
 
     def __init__(self, url: str, *, api_key: str | None) -> None:
         self.log_buffer = LogBuffer()
+        # Its own listener: over TLS, the certificate need not name the loopback address.
+        tls_context = ssl._create_unverified_context() if url.startswith("https:") else None
         self.dashboard = Dashboard(
-            HttpPoller(url, api_key=api_key),
+            HttpPoller(url, api_key=api_key, tls_context=tls_context),
             self.log_buffer,
             on_quit=_drain_this_process,
             is_local=True,
