@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from metrale_bench.server_process import free_port
 from metrale_server import AsyncEngine, Engine, EngineArgs
 from metrale_server.api import ServerState, create_app
+from metrale_server.cli.serve_runtime import freeze_heap
 
 MODEL_NAME = "tiny-llama"
 
@@ -149,6 +150,7 @@ def running_server(
         **state_fields,
     )
     state.is_ready = True
+    freeze_heap()  # as met serve does once the model is loaded
     app = create_app(state)
     try:
         with (

@@ -16,6 +16,7 @@ import pytest
 
 from metrale_model_arch import Tokenizer
 from metrale_server import Engine, EngineArgs
+from metrale_server.api import inert_fields, structured_fields
 from metrale_server.api.request_guard import LOOPBACK_HOSTS, default_allowed_hosts, host_name
 
 COMPLETIONS = "/v1/completions"
@@ -248,3 +249,86 @@ def test_a_slow_tokenization_leaves_the_event_loop_free(
     assert time.monotonic() - started >= SLOW_ENCODE_S
     assert len(health_s) >= 5
     assert max(health_s) < SLOW_ENCODE_S / 4, health_s
+
+
+# -- fields that change nothing ----------------------------------------------------------------
+
+INERT = {
+    "user": "user-42",
+    "store": False,
+    "metadata": {"team": "search"},
+    "service_tier": "auto",
+    "prompt_cache_key": "k",
+    "safety_identifier": "s",
+}
+
+
+def test_fields_that_change_nothing_are_accepted_and_logged_once(
+    server: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inert_fields, "_logged", set())  # as in a fresh process
+    caplog.set_level("INFO", logger="metrale_server.api.inert_fields")
+    greedy = {"temperature": 0.0, "max_tokens": 4}
+    plain = server.client.post(CHAT, json=chat(**greedy))
+    for _ in range(2):
+        with_fields = server.client.post(CHAT, json=chat(**greedy, **INERT))
+        assert with_fields.status_code == 200, with_fields.text
+        assert with_fields.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    assert server.client.post(COMPLETIONS, json=completion(**INERT)).status_code == 200
+    for name in INERT:
+        logged = [r for r in caplog.records if repr(name) in r.getMessage()]
+        assert len(logged) == 1, name
+    server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("store", "yes"), ("metadata", []), ("user", 7), ("service_tier", True)]
+)
+def test_an_inert_field_of_the_wrong_type_is_400(server: Any, name: str, value: Any) -> None:
+    assert error_of(server.client.post(CHAT, json=chat(**{name: value})), 400)["param"] == name
+
+
+def test_a_field_that_would_change_the_output_is_still_400(server: Any) -> None:
+    error = error_of(server.client.post(CHAT, json=chat(prediction={"type": "content"})), 400)
+    assert error["param"] == "prediction"
+
+
+# -- grammars ----------------------------------------------------------------------------------
+
+
+def test_a_constraint_past_the_size_bound_is_400(server: Any) -> None:
+    properties = {f"field_{i}": {"type": "integer"} for i in range(10_000)}
+    schema = {"type": "object", "properties": properties, "required": list(properties)[:5]}
+    body = chat(
+        response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
+    )
+    started = time.monotonic()
+    error = error_of(server.client.post(CHAT, json=body), 400)
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "at most 120000" in error["message"]
+    assert time.monotonic() - started < 2
+    regex = completion(structured_outputs={"regex": "a" * 120_001})
+    assert error_of(server.client.post(COMPLETIONS, json=regex), 400)["param"] == (
+        "structured_outputs.regex"
+    )
+    server.wait_idle()
+
+
+def test_a_grammar_compile_past_its_budget_is_400(
+    server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = server.engine.core.grammar_compiler
+    compile_grammar = type(compiler).compile
+
+    def slow_compile(self: Any, params: Any) -> Any:
+        time.sleep(1.0)
+        return compile_grammar(self, params)
+
+    monkeypatch.setattr(structured_fields, "GRAMMAR_COMPILE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(type(compiler), "compile", slow_compile)
+    body = completion(structured_outputs={"regex": "[0-9]{3}-slow"})
+    error = error_of(server.client.post(COMPLETIONS, json=body), 400)
+    assert error["code"] == "prepare_timeout"
+    assert error["param"] == "structured_outputs.regex"
+    assert server.client.get("/health").status_code == 200
+    server.wait_idle()

@@ -44,7 +44,9 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
             tool_call_parser=state.tool_call_parser,
         )
     )
-    await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
+    await compile_structured(
+        lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
+    )
     header = ResponseHeader.new(
         id_prefix="chatcmpl",
         object="chat.completion.chunk" if parsed.stream.is_streamed else "chat.completion",

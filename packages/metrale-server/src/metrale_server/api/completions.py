@@ -38,7 +38,9 @@ async def create_completion(request: Request, *, state: ServerState) -> Response
             parse_json_object(raw), state.engine, state.served_model_name
         )
     )
-    await compile_structured(lambda: state.engine.core.grammar_compiler, parsed.structured)
+    await compile_structured(
+        lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
+    )
     header = ResponseHeader.new(
         id_prefix="cmpl", object="text_completion", model=state.served_model_name
     )

@@ -15,6 +15,7 @@ from metrale_model_arch import ChatTemplateError, Tokenizer
 from metrale_server.api.chat_messages import read_messages
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
+from metrale_server.api.inert_fields import accept_inert_fields
 from metrale_server.api.sampling import parse_sampling, read_logprobs_count
 from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
 from metrale_server.api.tool_fields import ToolRequest, read_tool_request
@@ -111,7 +112,7 @@ def parse_completion_request(
         )
         for text, token_ids in _read_prompts(fields, engine, sampling.params.n)
     )
-    fields.read_optional_str("user")
+    accept_inert_fields(fields)
     fields.refuse_unread()
     return CompletionRequest(
         prompts=prompts,
@@ -152,7 +153,7 @@ def parse_chat_request(
         logprobs=num_top_logprobs,
     )
     text = render_chat_prompt(engine, fields, tools=tools.template_tools)
-    fields.read_optional_str("user")
+    accept_inert_fields(fields)
     fields.refuse_unread()
     check_prompt_text(fields, "messages", text, engine)
     token_ids = tuple(engine.loaded.tokenizer.encode(text, add_special_tokens=False))

@@ -9,7 +9,6 @@ names. At most one of them may constrain a request; the grammar itself is compil
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -18,9 +17,13 @@ import attrs
 
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe
+from metrale_server.api.prepare import RequestPreparer
 from metrale_server.structured import GrammarCompiler, GrammarError, StructuredOutputsParams
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# OpenAI's structured outputs allow schemas of ~120,000 characters of names and values.
+MAX_GRAMMAR_CHARS = 120_000
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -52,17 +55,38 @@ def read_structured_outputs(fields: Fields) -> StructuredRequest | None:
 
 
 async def compile_structured(
-    compiler: Callable[[], GrammarCompiler], request: StructuredRequest | None
+    compiler: Callable[[], GrammarCompiler],
+    request: StructuredRequest | None,
+    preparer: RequestPreparer,
 ) -> None:
-    """Compile (and cache) the request's grammar off the event loop, the compiler included
-    (``compiler()`` builds it on first use); a grammar the engine cannot build is a 400 naming
-    the field it came from."""
+    """Compile (and cache) the request's grammar on the preparation threads, the compiler
+    included (``compiler()`` builds it on first use). A 400 naming the field it came from for
+    a grammar the engine cannot build, one longer than ``MAX_GRAMMAR_CHARS`` or one whose
+    compilation takes over ``GRAMMAR_COMPILE_TIMEOUT_S``."""
     if request is None:
         return
+    size = grammar_source_chars(request.params)
+    if size > MAX_GRAMMAR_CHARS:
+        raise bad_request(
+            f"{request.param}: the constraint is {size} characters long; at most "
+            f"{MAX_GRAMMAR_CHARS}",
+            param=request.param,
+        )
     try:
-        await asyncio.to_thread(lambda: compiler().compile(request.params))
+        await preparer.run(
+            lambda: compiler().compile(request.params),
+            timeout_s=GRAMMAR_COMPILE_TIMEOUT_S,
+            what=f"compiling the {request.param} grammar",
+            param=request.param,
+        )
     except GrammarError as error:
         raise bad_request(f"{request.param}: {error}", param=request.param) from error
+
+
+def grammar_source_chars(params: StructuredOutputsParams) -> int:
+    """The length of the constraint's text (a schema's JSON, a regex, a grammar, choices)."""
+    texts = (params.json, params.regex, params.grammar, *(params.choice or ()))
+    return sum(len(text) for text in texts if text is not None)
 
 
 def _read_response_format(fields: Fields) -> StructuredRequest | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import os
 import signal
@@ -61,6 +62,7 @@ EXIT_WORKER_LOST = 1
 CONNECTION_GRACE_S = 5.0
 DRAIN_POLL_S = 0.05
 READ_TIMEOUT_S = 60  # seconds: the longest wait for the next bytes of a request
+BACKGROUND_JOIN_S = 30.0
 
 
 class ServeError(RuntimeError):
@@ -334,6 +336,7 @@ async def _serve(
     stop = asyncio.Event()
     exit_code = 0
     state: ServerState | None = None
+    background: list[threading.Thread] = []
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
@@ -391,16 +394,20 @@ async def _serve(
             metrics=LoggingServerMetrics(engine, args.served_model_name),
             is_draining=stop.is_set(),
         )
+        freeze_heap()
         front.serve(create_app(state))
         log_boot(engine, args)
         if not stop.is_set():
             state.is_ready = True
             logger.info("ready")
         # The grammar engine's tables of the vocabulary (~0.3 s), before the first request
-        # that needs them; no torch runs on this thread.
-        threading.Thread(
+        # that needs them; no torch runs on this thread. Joined before the process exits: a
+        # SIGINT right after ready once ended the interpreter under it (SIGSEGV, in CI).
+        tables = threading.Thread(
             target=lambda: engine.core.grammar_compiler, name="metrale-grammar-tables", daemon=True
-        ).start()
+        )
+        tables.start()
+        background.append(tables)
         return async_engine
 
     async def drained() -> None:
@@ -428,6 +435,8 @@ async def _serve(
         )
     finally:
         async_engine = await loader
+        for thread in background:
+            await asyncio.to_thread(thread.join, BACKGROUND_JOIN_S)
         if state is not None:
             state.preparer.shutdown()
         if async_engine is not None:
@@ -447,6 +456,15 @@ def _prefix_caching_note(engine: Engine) -> str:
             ", prefix caching off (the model keeps per-sequence state a cached prefix would skip)"
         )
     return ""
+
+
+def freeze_heap() -> None:
+    """Leave the objects alive now (the model, torch, the tokenizer: millions) out of every
+    later garbage collection: a full collection walked them all while every thread waited, and
+    a burst of requests that allocate many objects (large JSON bodies) set one off, stalling
+    /health for 0.41 s (measured; 0.08-0.11 s after this)."""
+    gc.collect()
+    gc.freeze()
 
 
 def allowed_hosts(args: ServeArgs) -> frozenset[str] | None:

@@ -124,6 +124,8 @@ class AsyncEngine:
         processed = self._processor.process(core_outputs)
         for request_id, indices in processed.stopped:
             self._commands.put(_Abort(request_id, indices))
+        for request_id in processed.failed:
+            self._commands.put(_Abort(request_id))
         for output in processed.outputs:
             with self._lock:
                 target = self._streams.get(output.request_id)

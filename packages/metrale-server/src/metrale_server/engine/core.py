@@ -51,6 +51,10 @@ def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
     )
 
 
+class GrammarFaultError(RuntimeError):
+    """A grammar refused a token its own mask allowed (a fault of the grammar library)."""
+
+
 class RequestError(ValueError):
     """A request the engine refuses before it runs (it could never fit, or is malformed)."""
 
@@ -336,21 +340,35 @@ class EngineCore:
         return outputs
 
     def _update(self, sampled: list[SampledToken]) -> list[EngineCoreOutput]:
+        """Append each sequence's sampled tokens. A sequence whose tokens cannot be appended
+        (its grammar refuses or raises) fails its request alone: aborted here, an error
+        output; every other request goes on."""
         deltas: dict[str, list[SequenceDelta]] = {}
+        failed: dict[str, str] = {}
         by_seq: dict[int, list[SampledToken]] = {}
         for token in sampled:
             by_seq.setdefault(token.seq.seq_id, []).append(token)
         for tokens in by_seq.values():
             seq = tokens[0].seq
-            delta = self._append_all(tokens)
+            if seq.request_id in failed:
+                continue
+            try:
+                delta = self._append_all(tokens)
+            except Exception as error:
+                logger.exception("request %s: output %d cannot go on", seq.request_id, seq.index)
+                failed[seq.request_id] = f"output {seq.index} cannot go on: {error}"
+                continue
             deltas.setdefault(seq.request_id, []).append(delta)
+        for request_id in failed:
+            deltas.pop(request_id, None)
+            self.abort(request_id)
         cached = {
             request_id: self._groups[request_id].primary.num_cached_tokens for request_id in deltas
         }
         finished = {group.request_id for group in self.scheduler.free_finished()}
         for request_id in finished:
             self._groups.pop(request_id, None)
-        return [
+        outputs = [
             EngineCoreOutput(
                 request_id=request_id,
                 deltas=tuple(request_deltas),
@@ -359,6 +377,11 @@ class EngineCore:
             )
             for request_id, request_deltas in deltas.items()
         ]
+        outputs += [
+            EngineCoreOutput(request_id=request_id, deltas=(), finished=True, error=message)
+            for request_id, message in failed.items()
+        ]
+        return outputs
 
     def _append_all(self, tokens: list[SampledToken]) -> SequenceDelta:
         """Append a sequence's tokens of this step (several when it had drafts) up to the first
@@ -480,17 +503,12 @@ class EngineCore:
 
     def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
         """Feed the sampled token to the sequence's grammar; ``False`` when the output must end
-        here: the grammar is complete (it accepted EOS, even under ``ignore_eos``), or refused
-        a token its own mask allowed (a grammar-library fault: logged, the output stops)."""
+        here (the grammar is complete: it accepted EOS, even under ``ignore_eos``). Raises
+        ``GrammarFaultError`` when it refuses a token its own mask allowed: the request fails with
+        an error, never a silent ``stop``."""
         assert seq.grammar is not None
         if not seq.grammar.accept_token(token_id):
-            logger.warning(
-                "request %s: the grammar refused token %d that its mask allowed; the output "
-                "stops here",
-                seq.request_id,
-                token_id,
-            )
-            return False
+            raise GrammarFaultError(f"the grammar refused token {token_id} that its mask allowed")
         return not seq.grammar.is_terminated
 
     def _count(self, step: SchedulerStep, num_sampled: int) -> None:

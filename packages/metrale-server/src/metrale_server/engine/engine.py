@@ -130,5 +130,7 @@ class Engine:
         processed = self.processor.process(self.core.step())
         for request_id, indices in processed.stopped:
             self.core.abort(request_id, indices)
+        for request_id in processed.failed:
+            self.core.abort(request_id)
         self.core.count_finished(sum(output.finished for output in processed.outputs))
         return processed.outputs

@@ -9,6 +9,7 @@ aborts those outputs in the core.
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -18,6 +19,8 @@ from metrale_server.output.detokenizer import Decoder
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.text_state import TextState
 from metrale_server.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class RequestOutputKind(enum.Enum):
@@ -50,6 +53,9 @@ class ProcessedOutputs:
     outputs: list[RequestOutput]
     # (request id, output indices) whose stop string was found: abort them in the core.
     stopped: list[tuple[str, tuple[int, ...]]]
+    # Requests whose outputs could not be processed (each failed with an error output here):
+    # abort them whole in the core.
+    failed: list[str] = attrs.field(factory=list)
 
 
 class OutputProcessor:
@@ -79,8 +85,12 @@ class OutputProcessor:
         )
 
     def process(self, core_outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:
+        """Each request's new tokens to text. A request whose output cannot be processed
+        (a detokenizer or stop-string fault) fails alone: an error output, listed in
+        ``failed``; the others go on."""
         outputs: list[RequestOutput] = []
         stopped: list[tuple[str, tuple[int, ...]]] = []
+        failed: list[str] = []
         for core_output in core_outputs:
             state = self._requests.get(core_output.request_id)
             if state is None:
@@ -88,20 +98,34 @@ class OutputProcessor:
             if core_output.error is not None:
                 outputs.append(self.fail(core_output.request_id, core_output.error))
                 continue
-            state.num_cached_tokens = max(state.num_cached_tokens, core_output.num_cached_tokens)
-            newly_stopped = [
-                delta.index for delta in core_output.deltas if self._apply(state, delta)
-            ]
-            if newly_stopped and not state.is_finished:
-                stopped.append((state.request_id, tuple(newly_stopped)))
-            if state.is_finished:
-                if not core_output.finished:
-                    stopped.append((state.request_id, tuple(range(len(state.texts)))))
-                del self._requests[state.request_id]
-            output = _report(state)
+            try:
+                output = self._process_one(state, core_output, stopped)
+            except Exception as error:
+                logger.exception("request %s: its output cannot be processed", state.request_id)
+                outputs.append(
+                    self.fail(state.request_id, f"its output cannot be processed: {error}")
+                )
+                failed.append(state.request_id)
+                continue
             if output is not None:
                 outputs.append(output)
-        return ProcessedOutputs(outputs=outputs, stopped=stopped)
+        return ProcessedOutputs(outputs=outputs, stopped=stopped, failed=failed)
+
+    def _process_one(
+        self,
+        state: RequestState,
+        core_output: EngineCoreOutput,
+        stopped: list[tuple[str, tuple[int, ...]]],
+    ) -> RequestOutput | None:
+        state.num_cached_tokens = max(state.num_cached_tokens, core_output.num_cached_tokens)
+        newly_stopped = [delta.index for delta in core_output.deltas if self._apply(state, delta)]
+        if newly_stopped and not state.is_finished:
+            stopped.append((state.request_id, tuple(newly_stopped)))
+        if state.is_finished:
+            if not core_output.finished:
+                stopped.append((state.request_id, tuple(range(len(state.texts)))))
+            del self._requests[state.request_id]
+        return _report(state)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish the request's unfinished outputs with ``abort``; ``None`` if unknown."""
