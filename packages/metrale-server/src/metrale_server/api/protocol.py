@@ -26,7 +26,6 @@ from metrale_server.sampling.params import SamplingParams
 MAX_PROMPTS = 64
 MAX_SEQUENCES_PER_REQUEST = 256  # prompts x n
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# Variables the chat template gets from the request's own fields.
 
 
 @attrs.frozen(kw_only=True)
