@@ -99,7 +99,7 @@ def adversaries(server: Any) -> list[tuple[dict[str, Any], dict[str, Any], set[i
     bias = {str(i): 5.0 for i in range(300)}
     return [
         (post(COMPLETIONS, {"model": MODEL, "prompt": huge_text}), CHEAP, {400}),
-        (post("/tokenize", {"model": MODEL, "prompt": huge_text}), CHEAP, {400}),
+        (post("/tokenize", {"model": MODEL, "prompt": huge_text * 16}), CHEAP, {400}),
         (post(COMPLETIONS, {**served, "logit_bias": bias}), post(COMPLETIONS, served), {200, 429}),
         (
             post(COMPLETIONS, {**served, "stop_token_ids": list(range(256))}),

@@ -17,6 +17,7 @@ import pytest
 from metrale_model_arch import Tokenizer
 from metrale_server import Engine, EngineArgs
 from metrale_server.api import inert_fields, structured_fields
+from metrale_server.api.misc_routes import TOKENIZE_CONTEXTS
 from metrale_server.api.request_guard import LOOPBACK_HOSTS, default_allowed_hosts, host_name
 
 COMPLETIONS = "/v1/completions"
@@ -186,11 +187,15 @@ def test_a_text_too_long_for_max_seq_len_is_refused_before_tokenizing(server: An
     engine = server.engine
     limit = engine.max_seq_len * engine.loaded.tokenizer.max_token_bytes()
     text = "a" * (limit + 1)
-    with server.overridden(max_body_bytes=4 * limit):
+    # /tokenize counts texts of several contexts (to chunk them), up to TOKENIZE_CONTEXTS.
+    counted = {"model": MODEL, "prompt": "a" * limit * TOKENIZE_CONTEXTS}
+    too_long = {"model": MODEL, "prompt": "a" * (limit * TOKENIZE_CONTEXTS + 1)}
+    with server.overridden(max_body_bytes=4 * TOKENIZE_CONTEXTS * limit):
+        assert server.client.post("/tokenize", json=counted).status_code == 200
         for path, body in (
             (COMPLETIONS, completion(prompt=text)),
             (CHAT, chat(messages=[{"role": "user", "content": text}])),
-            ("/tokenize", {"model": MODEL, "prompt": text}),
+            ("/tokenize", too_long),
         ):
             started = time.monotonic()
             error = error_of(server.client.post(path, json=body), 400)

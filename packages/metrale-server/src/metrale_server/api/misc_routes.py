@@ -15,6 +15,8 @@ from metrale_server.api.protocol import check_model, check_prompt_text, render_c
 from metrale_server.api.state import ServerState
 from metrale_server.api.tool_fields import read_tool_request
 
+# /tokenize counts texts longer than one context (to chunk them), up to this many contexts.
+TOKENIZE_CONTEXTS = 16
 NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
 
 
@@ -34,7 +36,7 @@ def _tokenize(raw: bytes, state: ServerState) -> tuple[Fields, list[int]]:
             raise bad_request("prompt: is required (or messages)", param="prompt")
         text, param = prompt, "prompt"
         add_special_tokens = fields.read_bool("add_special_tokens", True)
-    check_prompt_text(fields, param, text, state.engine)
+    check_prompt_text(fields, param, text, state.engine, contexts=TOKENIZE_CONTEXTS)
     return fields, state.engine.loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

@@ -222,15 +222,18 @@ def _max_token_bytes(tokenizer: Tokenizer) -> int:
     return tokenizer.max_token_bytes()
 
 
-def check_prompt_text(fields: Fields, param: str, text: str, engine: Engine) -> None:
-    """A 400 for a text too long to be ``max_seq_len`` tokens, before any time goes into
-    tokenizing it (each token stands for at most ``max_token_bytes`` of text)."""
-    limit = engine.max_seq_len * _max_token_bytes(engine.loaded.tokenizer)
+def check_prompt_text(
+    fields: Fields, param: str, text: str, engine: Engine, *, contexts: int = 1
+) -> None:
+    """A 400 for a text too long to be ``contexts`` × ``max_seq_len`` tokens, before any time
+    goes into tokenizing it (each token stands for at most ``max_token_bytes`` of text)."""
+    limit = contexts * engine.max_seq_len * _max_token_bytes(engine.loaded.tokenizer)
     if len(text) > limit or len(text.encode()) > limit:
+        what = "a prompt of" if contexts == 1 else f"{contexts} prompts of"
         fields.fail(
             param,
-            f"the text is longer than any prompt of max_seq_len ({engine.max_seq_len}) tokens "
-            f"can be ({limit} bytes)",
+            f"the text is longer than {what} max_seq_len ({engine.max_seq_len}) tokens can be "
+            f"({limit} bytes)",
         )
 
 
