@@ -115,6 +115,9 @@ def test_request_rate_spreads_arrivals(fake_server_url: str) -> None:
                  sampling=SamplingSpec())
     )  # fmt: skip
     starts = sorted(o.start_s for o in result.outcomes)
-    # The last arrival is rescaled to 5 / 25 = 0.2 s after the start.
-    assert starts[-1] == pytest.approx(0.2, abs=0.05)
+    # The last arrival is rescaled to 5 / 25 = 0.2 s after the start: never earlier; later by
+    # however long the event loop was late to wake (0.26 s once on a busy CI machine).
+    assert starts[-1] >= 0.2 - 0.01
+    assert starts[-1] < 0.2 + 0.3
+    assert starts[-1] - starts[0] > 0.05  # spread out (scheduled 0.077 .. 0.2 s), not at once
     assert result.duration_s >= 0.2
