@@ -91,7 +91,7 @@ def int8_linear(
     if num_tokens == 0:
         empty = x.new_zeros((0, qweight.shape[0]))
         return empty if out is None else out.copy_(empty)
-    digits, x_scale = two_digit_rows(x, row_amax(x, split) if split is not None else None)
+    digits, x_scale = two_digit_rows(x, row_amax(x, split))
     accumulated = torch._int_mm(digits, qweight.t()) if int_mm is None else int_mm(digits, qweight)
     if split is not None:
         split.sum_(accumulated)

@@ -172,7 +172,7 @@ def q4_linear(
         empty = x.new_zeros((0, rows))
         return empty if out is None else out.copy_(empty)
     x32 = x.to(torch.float32)
-    digits, x_scale = two_digit_rows(x32, row_amax(x32, split) if split is not None else None)
+    digits, x_scale = two_digit_rows(x32, row_amax(x32, split))
     first, second = digits[:num_tokens].to(torch.float32), digits[num_tokens:].to(torch.float32)
     x_hat = (second * (1 / DIGIT_BASE) + first) * x_scale.unsqueeze(-1)
     result = x_hat @ dequantize_q4(packed, scales).t()

@@ -6,9 +6,10 @@ from __future__ import annotations
 import hmac
 
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from metrale_server.api.errors import ApiError, closing_if_body
+from metrale_server.api.refusing_middleware import RefusingMiddleware
 from metrale_server.api.state import ServerState
 
 HEALTH_PATHS = frozenset({"/health", "/health/live"})
@@ -29,26 +30,18 @@ def is_authorized(authorization: str | None, api_keys: tuple[str, ...]) -> bool:
     return bool(presented) and any(matches)
 
 
-class AuthMiddleware:
+class AuthMiddleware(RefusingMiddleware):
     """401 for a request without a valid key, when ``state.api_keys`` is not empty."""
 
-    def __init__(self, app: ASGIApp, *, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def refusal(self, scope: Scope, headers: Headers) -> ApiError | None:
         api_keys = self.state.api_keys
-        if scope["type"] != "http" or not api_keys or is_open(scope["path"], self.state):
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        if not is_authorized(headers.get("authorization"), api_keys):
-            error = ApiError(
-                401,
-                "a valid API key is required: send it as 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer", **closing_if_body(headers)},
-            )
-            await error.to_response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+        if not api_keys or is_open(scope["path"], self.state):
+            return None
+        if is_authorized(headers.get("authorization"), api_keys):
+            return None
+        return ApiError(
+            401,
+            "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer", **closing_if_body(headers)},
+        )

@@ -11,10 +11,10 @@
 from __future__ import annotations
 
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from metrale_server.api.errors import ApiError, closing_if_body, has_body
-from metrale_server.api.state import ServerState
+from metrale_server.api.refusing_middleware import RefusingMiddleware
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 JSON_MEDIA_TYPE = "application/json"
@@ -47,26 +47,11 @@ def is_json(content_type: str | None) -> bool:
     )
 
 
-class RequestGuardMiddleware:
+class RequestGuardMiddleware(RefusingMiddleware):
     """400 for a ``Host`` outside ``state.allowed_hosts``; 415 for a POST whose body is not
     declared JSON. Neither reads the body."""
 
-    def __init__(self, app: ASGIApp, *, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        error = self._refusal(scope, headers)
-        if error is not None:
-            await error.to_response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _refusal(self, scope: Scope, headers: Headers) -> ApiError | None:
+    def refusal(self, scope: Scope, headers: Headers) -> ApiError | None:
         allowed = self.state.allowed_hosts
         host = headers.get("host")
         if allowed is not None and host is not None and host_name(host) not in allowed:
