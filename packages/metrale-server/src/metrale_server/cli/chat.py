@@ -12,7 +12,7 @@ from typing import TextIO
 
 import click
 
-from metrale_server.cli.common import CONTEXT
+from metrale_server.cli.common import CONTEXT, locate_model, offline_option, revision_option
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.tui.chat_backends import ChatBackend, ChatError, Message
 
@@ -102,8 +102,11 @@ def _stream_reply(backend: ChatBackend, messages: list[Message], out: TextIO) ->
     "-m",
     default=None,
     help="Run MODEL in this process instead of talking to a server: a local model directory, "
-    "a .gguf file, or a name found in the HF hub cache.",
+    "a .gguf file, or a Hugging Face repo id (org/name) from the HF hub cache, downloaded into "
+    "it when missing.",
 )
+@revision_option
+@offline_option
 @click.option("--api-key", default=None, help="Sent to --url as 'Authorization: Bearer KEY'.")
 @click.option("--system", default=None, help="A system message that starts the conversation.")
 @click.option(
@@ -124,6 +127,8 @@ def _stream_reply(backend: ChatBackend, messages: list[Message], out: TextIO) ->
 def chat(
     url: str | None,
     model: str | None,
+    revision: str | None,
+    offline: bool,
     plan: PlanOptions,
     api_key: str | None,
     system: str | None,
@@ -135,14 +140,17 @@ def chat(
     With --model the engine runs here, shaped by the same engine flags as met serve's."""
     if url is not None and model is not None:
         raise click.UsageError("give --url or --model, not both")
+    if model is None and (revision is not None or offline):
+        raise click.UsageError("--revision and --offline go with --model")
     from metrale_server.tui.chat_backends import EngineChatBackend, HttpChatBackend
 
     backend: ChatBackend
     if model is not None:
         from metrale_server.engine.engine import Engine
 
+        engine_model, _ = locate_model(model, revision=revision, offline=offline)
         try:
-            engine = Engine(plan.engine_args(model))
+            engine = Engine(plan.engine_args(engine_model))
             engine.wait_for_native_kernels()
         except (ValueError, OSError) as error:
             raise click.ClickException(str(error)) from error

@@ -8,7 +8,13 @@ from typing import TextIO
 import click
 
 from metrale_server.args import EngineArgs
-from metrale_server.cli.common import CONTEXT, MODEL_HELP
+from metrale_server.cli.common import (
+    CONTEXT,
+    MODEL_HELP,
+    locate_model,
+    offline_option,
+    revision_option,
+)
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 
 
@@ -50,6 +56,8 @@ def run_generate(
 @click.command(context_settings=CONTEXT)
 @click.argument("prompt")
 @click.option("--model", "-m", default=None, help=MODEL_HELP)
+@revision_option
+@offline_option
 @plan_options
 @click.option(
     "--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template."
@@ -72,6 +80,8 @@ def run_generate(
 def generate(
     prompt: str,
     model: str | None,
+    revision: str | None,
+    offline: bool,
     plan: PlanOptions,
     chat: bool,
     max_tokens: int,
@@ -79,11 +89,12 @@ def generate(
     seed: int | None,
 ) -> None:
     """Print the model's continuation of PROMPT (the engine flags are met serve's)."""
+    engine_model, _ = locate_model(model, revision=revision, offline=offline)
     try:
         run_generate(
             prompt,
             # One generation ends long before a background compile would: never start one.
-            engine_args=plan.engine_args(model, seed=seed or 0, enforce_eager=True),
+            engine_args=plan.engine_args(engine_model, seed=seed or 0, enforce_eager=True),
             chat=chat,
             max_tokens=max_tokens,
             temperature=temperature,
