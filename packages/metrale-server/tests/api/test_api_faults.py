@@ -59,15 +59,22 @@ async def stream_all(base_url: str, bodies: Sequence[dict[str, Any]]) -> list[di
 
 class FaultyGrammar:
     """A grammar that, on the third token it is fed, raises or refuses the token its own mask
-    allowed, as a faulty library would."""
+    allowed, or raises while the sampler asks for its third mask, as a faulty library would."""
 
     def __init__(self, inner: GrammarMatcher, fault: str) -> None:
         self.inner = inner
         self.fault = fault
         self.num_fed = 0
+        self.num_masks = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def fill_bitmask(self, bitmask: Any, row: int) -> None:
+        self.num_masks += 1
+        if self.fault == "mask raises" and self.num_masks == 3:
+            raise RuntimeError("injected grammar mask fault")
+        self.inner.fill_bitmask(bitmask, row)
 
     def accept_token(self, token_id: int) -> bool:
         self.num_fed += 1
@@ -78,7 +85,8 @@ class FaultyGrammar:
         return self.inner.accept_token(token_id)
 
 
-@pytest.mark.parametrize("grammar_fault", ["raises", "refuses"])
+# "mask raises" faults the batched sampler: the step samples each row alone to isolate it.
+@pytest.mark.parametrize("grammar_fault", ["raises", "refuses", "mask raises"])
 def test_a_fault_in_one_stream_fails_it_alone(
     server: Any, monkeypatch: pytest.MonkeyPatch, grammar_fault: str
 ) -> None:

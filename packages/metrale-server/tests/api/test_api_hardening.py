@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import llguidance
 import pytest
 
 from metrale_model_arch import Tokenizer
@@ -19,6 +20,7 @@ from metrale_server import Engine, EngineArgs
 from metrale_server.api import inert_fields, structured_fields
 from metrale_server.api.misc_routes import TOKENIZE_CONTEXTS
 from metrale_server.api.request_guard import LOOPBACK_HOSTS, default_allowed_hosts, host_name
+from metrale_server.structured import compiler as compiler_module
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -336,4 +338,28 @@ def test_a_grammar_compile_past_its_budget_is_400(
     assert error["code"] == "prepare_timeout"
     assert error["param"] == "structured_outputs.regex"
     assert server.client.get("/health").status_code == 200
+    server.wait_idle()
+
+
+def test_a_grammar_past_the_grammar_engines_limits_fails_its_request_with_a_400(
+    server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit llguidance hits while consuming a token (its mask allowed the token) ends the
+    request with a 400 saying so, never a silent ``stop``; the server goes on."""
+    tight = llguidance.LLParserLimits(max_items_in_row=50, verbose_errors=False)
+    monkeypatch.setattr(compiler_module, "PARSER_LIMITS", tight)
+    properties = {f"limit_{i}": {"type": "integer"} for i in range(40)}
+    schema = {"type": "object", "properties": properties}
+    # The object is opened with '{"' (a random model may close it at once with "{}").
+    [open_key] = server.engine.loaded.tokenizer.encode('{"', add_special_tokens=False)
+    body = chat(
+        max_tokens=8,
+        logit_bias={str(open_key): 100},
+        response_format={"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}},
+    )
+    error = error_of(server.client.post(CHAT, json=body), 400)
+    assert error["code"] == "request_failed"
+    assert "too complex for the grammar engine" in error["message"]
+    assert "max is 50" in error["message"]
+    assert server.client.post(CHAT, json=chat()).status_code == 200
     server.wait_idle()

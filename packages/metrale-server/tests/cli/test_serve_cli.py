@@ -41,6 +41,7 @@ SERVE_FLAGS = (
     "--ssl-keyfile",
     "--max-body-bytes",
     "--max-queued-requests",
+    "--max-connections",
     "--request-timeout",
     "--drain-timeout",
     "--seed",
@@ -126,6 +127,7 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--ssl-certfile", "/no/such/cert.pem"], "--ssl-certfile"),
         (["--max-body-bytes", "10"], "--max-body-bytes"),
         (["--max-queued-requests", "-1"], "--max-queued-requests"),
+        (["--max-connections", "-1"], "--max-connections"),
         (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
         (["--tool-call-parser", "openai_required"], "--tool-call-parser"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
@@ -186,7 +188,7 @@ def test_empty_chat_template_is_refused(runner: CliRunner, tmp_path: Path) -> No
 
 
 def test_missing_model_says_where_it_looked(runner: CliRunner) -> None:
-    result = runner.invoke(main, ["serve", "no/such-model"])
+    result = runner.invoke(main, ["serve", "no/such-model", "--offline"])
     assert result.exit_code == 1
     assert "no/such-model" in result.output
     assert "Looked at" in result.output

@@ -7,6 +7,7 @@ import json
 import threading
 from typing import Any
 
+import orjson
 import pytest
 
 from metrale_model_arch import Tokenizer
@@ -14,6 +15,8 @@ from metrale_server.structured import (
     GrammarCompiler,
     GrammarError,
     StructuredOutputsParams,
+    allocate_bitmask,
+    unpack_bitmask,
 )
 
 from .helpers import encode, is_complete_match, walk
@@ -186,8 +189,8 @@ def test_compiled_once_then_from_the_cache(default_tokenizer: Tokenizer) -> None
     params = StructuredOutputsParams(json=PERSON)
     first = compiler.compile(params)
     assert compiler.compile(params) is first
-    # The same schema as JSON text is the same constraint.
-    assert compiler.compile(StructuredOutputsParams(json=json.dumps(PERSON))) is first
+    # The same schema as its compact JSON text is the same constraint.
+    assert compiler.compile(StructuredOutputsParams(json=orjson.dumps(PERSON).decode())) is first
     assert (compiler.num_compiled, compiler.num_cache_hits) == (1, 2)
     assert compiler.compile_seconds == first.compile_seconds > 0
 
@@ -239,3 +242,39 @@ def test_compile_from_many_threads(default_tokenizer: Tokenizer) -> None:
 def test_logits_narrower_than_the_tokenizer_are_refused(default_tokenizer: Tokenizer) -> None:
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         GrammarCompiler(default_tokenizer, default_tokenizer.vocab_size - 1)
+
+
+def test_an_evicted_grammar_still_held_is_found_not_rebuilt(default_tokenizer: Tokenizer) -> None:
+    # A request holds its grammar from the API's compile to the engine (and its matchers hold
+    # it while it runs): the engine thread must find it even after the cache evicted it.
+    compiler = GrammarCompiler(default_tokenizer, default_tokenizer.vocab_size, cache_size=1)
+    held, other = (StructuredOutputsParams(regex=r) for r in ("a+", "b+"))
+    compiled = compiler.compile(held)
+    compiler.compile(other)  # evicts held from the cache
+    assert compiler.compile(held) is compiled
+    assert compiler.num_compiled == 2
+
+
+def test_an_object_of_a_thousand_optional_properties_is_matched(
+    default_tokenizer: Tokenizer,
+) -> None:
+    # ~4 Earley items a property: past llguidance's default bound of 2,000 items in a row, where
+    # the mask allowed "{" and consuming it failed (the grammar refused what its mask allowed).
+    # Properties come in the order of the schema.
+    schema = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "integer"} for i in range(1000)},
+        "additionalProperties": False,
+    }
+    matcher = (
+        GrammarCompiler(default_tokenizer, default_tokenizer.vocab_size)
+        .compile(StructuredOutputsParams(json=json.dumps(schema)))
+        .matcher()
+    )
+    bitmask = allocate_bitmask(1, default_tokenizer.vocab_size)
+    for token_id in encode(default_tokenizer, '{"p3": 1, "p999": 7}'):
+        matcher.fill_bitmask(bitmask, 0)
+        assert unpack_bitmask(bitmask, default_tokenizer.vocab_size)[0, token_id]
+        assert matcher.accept_token(token_id), matcher.error
+    assert matcher.error is None
+    assert matcher.is_stop_allowed

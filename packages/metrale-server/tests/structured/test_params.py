@@ -58,9 +58,13 @@ def test_choice_becomes_a_tuple() -> None:
     assert StructuredOutputsParams(choice=["yes", "no"]).choice == ("yes", "no")
 
 
+def compact(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
 def test_a_schema_dict_is_kept_as_json_text_in_its_key_order() -> None:
     params = StructuredOutputsParams(json=SCHEMA)
-    assert params.json == json.dumps(SCHEMA)
+    assert params.json == compact(SCHEMA)
     assert json.loads(params.json) == SCHEMA
     # Property order is output order: "b" stays before "a".
     assert params.json.index('"b"') < params.json.index('"a"')
@@ -68,7 +72,7 @@ def test_a_schema_dict_is_kept_as_json_text_in_its_key_order() -> None:
 
 def test_equal_constraints_are_one_cache_key() -> None:
     as_dict = StructuredOutputsParams(json=SCHEMA)
-    as_text = StructuredOutputsParams(json=json.dumps(SCHEMA))
+    as_text = StructuredOutputsParams(json=compact(SCHEMA))
     assert as_dict == as_text
     assert hash(as_dict) == hash(as_text)
     assert {as_dict: 1}[as_text] == 1

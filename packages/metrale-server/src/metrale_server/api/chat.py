@@ -44,7 +44,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
             tool_call_parser=state.tool_call_parser,
         )
     )
-    await compile_structured(
+    grammar = await compile_structured(
         lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
     )
     header = ResponseHeader.new(
@@ -52,7 +52,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
         object="chat.completion.chunk" if parsed.stream.is_streamed else "chat.completion",
         model=state.served_model_name,
     )
-    generations = start_generations(state, header.id, [parsed.prompt])
+    generations = start_generations(state, header.id, [parsed.prompt], grammar)
     if parsed.stream.is_streamed:
         return EventStreamResponse(
             chat_events(state, parsed, generations, header),
@@ -68,7 +68,7 @@ def chat_body(
     raise_if_failed(final)
     choices = []
     for output in final.outputs:
-        reader = _reader(state, request)
+        reader = choice_reader(state, request)
         message = reader.read(output.text)
         choices.append(
             {
@@ -86,7 +86,8 @@ def chat_body(
     return header.body(choices, usage=usage_body([request.prompt], [final]))
 
 
-def _reader(state: ServerState, request: ChatRequest) -> ChoiceReader:
+def choice_reader(state: ServerState, request: ChatRequest) -> ChoiceReader:
+    """A new reader for one of the request's choices (the server's parsers, its tool choice)."""
     structured = request.structured
     return ChoiceReader.for_request(
         request.tools,
@@ -110,7 +111,7 @@ async def chat_events(
         delta = {"role": ROLE, "content": ""}
         yield sse_event(header.body([_choice(index, delta, None, None)], **extra))
     progress = [ChoiceProgress() for _ in range(num_choices)]
-    readers = [_reader(state, request) for _ in range(num_choices)]
+    readers = [choice_reader(state, request) for _ in range(num_choices)]
     has_calls = [False] * num_choices
     finals: list[RequestOutput] = []
     merged = merge_outputs(generations)

@@ -20,11 +20,7 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def read_messages(fields: Fields) -> list[dict[str, Any]]:
-    value = fields.read_list("messages")
-    if value is None:
-        fields.fail("messages", "is required")
-    if not value:
-        fields.fail("messages", "must not be empty")
+    value = fields.read_nonempty_list("messages")
     messages = []
     for index, message in enumerate(value):
         param = f"messages[{index}]"

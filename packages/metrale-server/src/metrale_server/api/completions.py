@@ -38,13 +38,13 @@ async def create_completion(request: Request, *, state: ServerState) -> Response
             parse_json_object(raw), state.engine, state.served_model_name
         )
     )
-    await compile_structured(
+    grammar = await compile_structured(
         lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
     )
     header = ResponseHeader.new(
         id_prefix="cmpl", object="text_completion", model=state.served_model_name
     )
-    generations = start_generations(state, header.id, parsed.prompts)
+    generations = start_generations(state, header.id, parsed.prompts, grammar)
     if parsed.stream.is_streamed:
         return EventStreamResponse(
             completion_events(state, parsed, generations, header),

@@ -15,6 +15,7 @@ from metrale_server.api.state import ServerState
 from metrale_server.engine.async_engine import EngineDeadError
 from metrale_server.engine.core import RequestError
 from metrale_server.output.outputs import RequestOutput
+from metrale_server.structured import CompiledGrammar
 
 # OpenAI's reason for output cut short; the log line says it was the timeout.
 TIMEOUT_FINISH_REASON = "length"
@@ -33,13 +34,19 @@ class Generation:
     request if it has not finished, so its KV blocks are freed.
     """
 
-    def __init__(self, state: ServerState, request_id: str, prompt: Prompt) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        request_id: str,
+        prompt: Prompt,
+        grammar: CompiledGrammar | None = None,
+    ) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self._state = state
         try:
             self._stream = state.async_engine.add_request(
-                request_id, prompt.token_ids, prompt.params, prompt=prompt.text
+                request_id, prompt.token_ids, prompt.params, prompt=prompt.text, grammar=grammar
             )
         except RequestError as error:
             raise ApiError(400, str(error)) from error
@@ -104,17 +111,21 @@ def _as_timed_out(output: RequestOutput) -> RequestOutput:
 
 
 def start_generations(
-    state: ServerState, response_id: str, prompts: Sequence[Prompt]
+    state: ServerState,
+    response_id: str,
+    prompts: Sequence[Prompt],
+    grammar: CompiledGrammar | None = None,
 ) -> list[Generation]:
     """One generation per prompt; if one is refused, those already started are aborted. A 429
-    when they would not fit in the queue (``state.max_queued_requests``)."""
+    when they would not fit in the queue (``state.max_queued_requests``). ``grammar``: the
+    prompts' constraint as ``compile_structured`` compiled it."""
     if state.is_draining:
         raise ApiError(503, "the server is shutting down", code="server_shutting_down")
     check_queue_room(state, len(prompts))
     generations: list[Generation] = []
     try:
         for index, prompt in enumerate(prompts):
-            generations.append(Generation(state, f"{response_id}-{index}", prompt))
+            generations.append(Generation(state, f"{response_id}-{index}", prompt, grammar))
     except BaseException:
         for generation in generations:
             generation.close()

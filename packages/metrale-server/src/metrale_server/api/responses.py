@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from metrale_server.api.errors import internal_error
+from metrale_server.api.errors import ApiError, internal_error
 from metrale_server.api.protocol import Prompt
 from metrale_server.output.outputs import CompletionOutput, RequestOutput, TokenLogprob
 
@@ -44,7 +44,10 @@ class ResponseHeader:
 
 
 def raise_if_failed(output: RequestOutput) -> None:
-    """An output the engine failed (``error`` set) is a 500; the failure is logged, not sent."""
+    """An output the engine failed (``error`` set) is a 500, the failure logged, not sent; a
+    400 saying why when the request's own input caused it."""
+    if output.error is not None and output.is_request_fault:
+        raise ApiError(400, output.error, code="request_failed")
     if output.error is not None:
         raise internal_error(
             f"the engine failed request {output.request_id}: {output.error}", log_traceback=False

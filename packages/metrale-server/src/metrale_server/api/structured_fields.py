@@ -18,7 +18,12 @@ import attrs
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe
 from metrale_server.api.prepare import RequestPreparer
-from metrale_server.structured import GrammarCompiler, GrammarError, StructuredOutputsParams
+from metrale_server.structured import (
+    CompiledGrammar,
+    GrammarCompiler,
+    GrammarError,
+    StructuredOutputsParams,
+)
 
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # OpenAI's structured outputs allow schemas of ~120,000 characters of names and values.
@@ -58,13 +63,13 @@ async def compile_structured(
     compiler: Callable[[], GrammarCompiler],
     request: StructuredRequest | None,
     preparer: RequestPreparer,
-) -> None:
+) -> CompiledGrammar | None:
     """Compile (and cache) the request's grammar on the preparation threads, the compiler
-    included (``compiler()`` builds it on first use). A 400 naming the field it came from for
-    a grammar the engine cannot build, one longer than ``MAX_GRAMMAR_CHARS`` or one whose
-    compilation takes over ``GRAMMAR_COMPILE_TIMEOUT_S``."""
+    included (``compiler()`` builds it on first use); hand it to ``start_generations``. A 400
+    naming the field it came from for a grammar the engine cannot build, one longer than
+    ``MAX_GRAMMAR_CHARS`` or one whose compilation takes over ``GRAMMAR_COMPILE_TIMEOUT_S``."""
     if request is None:
-        return
+        return None
     size = grammar_source_chars(request.params)
     if size > MAX_GRAMMAR_CHARS:
         raise bad_request(
@@ -73,7 +78,7 @@ async def compile_structured(
             param=request.param,
         )
     try:
-        await preparer.run(
+        return await preparer.run(
             lambda: compiler().compile(request.params),
             timeout_s=GRAMMAR_COMPILE_TIMEOUT_S,
             what=f"compiling the {request.param} grammar",

@@ -13,7 +13,14 @@ import click
 
 from metrale_config import read_int_lever
 from metrale_server.args import EngineArgs
-from metrale_server.cli.common import CONTEXT, LOG_LEVELS, check_environment_or_exit
+from metrale_server.cli.common import (
+    CONTEXT,
+    LOG_LEVELS,
+    check_environment_or_exit,
+    locate_model,
+    offline_option,
+    revision_option,
+)
 from metrale_server.cli.plan_options import PlanOptions, plan_options
 from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 
@@ -23,6 +30,8 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 
 @click.command(context_settings=CONTEXT)
 @click.argument("model", required=False)
+@revision_option
+@offline_option
 @plan_options
 @click.option(
     "--host",
@@ -108,6 +117,14 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "Default: 4 per sequence the batch holds; 0: no bound.",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Open client connections; past it a new one is answered 503 with Retry-After and "
+    "closed. Default: the requests the server holds (batch + queue) plus 64; 0: only the "
+    "open-files limit.",
+)
+@click.option(
     "--request-timeout",
     type=click.FloatRange(min=0.0),
     default=300.0,
@@ -170,6 +187,8 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 )
 def serve(
     model: str | None,
+    revision: str | None,
+    offline: bool,
     plan: PlanOptions,
     host: str,
     port: int,
@@ -183,6 +202,7 @@ def serve(
     ssl_keyfile: Path | None,
     max_body_bytes: int | None,
     max_queued_requests: int | None,
+    max_connections: int | None,
     request_timeout: float,
     drain_timeout: float,
     seed: int,
@@ -195,10 +215,11 @@ def serve(
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (default: the bundled SmolLM2).
 
-    /health answers 503 while the model loads, then 200. SIGTERM drains in-flight requests
-    (see --drain-timeout) and exits 0.
+    MODEL is a local directory or .gguf file, or a Hugging Face repo id (org/name,
+    org/name/FILE.gguf) looked up in the HF hub cache and, when missing there, downloaded into
+    it (not with --offline or HF_HUB_OFFLINE=1). /health answers 503 while the model loads,
+    then 200. SIGTERM drains in-flight requests (see --drain-timeout) and exits 0.
     """
-    from metrale_model_arch import resolve_model
     from metrale_server.cli.serve_args import (
         ServeArgs,
         default_served_model_name,
@@ -250,12 +271,9 @@ def serve(
         )
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("must not be empty", param_hint="'--served-model-name'")
-    try:
-        source = resolve_model(model)
-    except (ValueError, OSError) as error:
-        raise click.ClickException(str(error)) from error
+    engine_model, source = locate_model(model, revision=revision, offline=offline)
     args = ServeArgs(
-        engine_args=plan.engine_args(model, seed=seed),
+        engine_args=plan.engine_args(engine_model, seed=seed),
         served_model_name=served_model_name or default_served_model_name(source),
         host=host,
         port=port,
@@ -267,6 +285,7 @@ def serve(
         reasoning_parser=reasoning_parser,
         max_body_bytes=max_body_bytes or read_int_lever("METRALE_MAX_BODY_BYTES"),
         max_queued_requests=max_queued_requests,
+        max_connections=max_connections,
         allowed_hosts=allowed_hosts,
         allowed_origins=allowed_origins,
         protect_observability=protect_observability,

@@ -19,6 +19,8 @@ class ServeArgs:
     ``request_timeout_s`` is ``None`` when requests may run for ever; ``drain_timeout_s`` bounds
     how long in-flight requests may run after SIGTERM. ``max_queued_requests`` ``None``: the
     default from the plan (:func:`default_max_queued_requests`), 0: no bound.
+    ``max_connections`` ``None``: room for the requests the server holds plus spare ones
+    (``connection_cap.default_max_connections``), 0: only the open-files limit.
     ``allowed_hosts`` empty: the default for ``host`` (``request_guard.default_allowed_hosts``),
     ``*`` among them: any.
     """
@@ -35,6 +37,7 @@ class ServeArgs:
     reasoning_parser: str | None = None
     max_body_bytes: int = 8 * 2**20
     max_queued_requests: int | None = None
+    max_connections: int | None = None
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     protect_observability: bool = False

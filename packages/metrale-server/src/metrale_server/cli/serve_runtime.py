@@ -33,6 +33,12 @@ from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
 from metrale_server.api.request_guard import default_allowed_hosts
+from metrale_server.cli.connection_cap import (
+    ConnectionCount,
+    cap_connections,
+    default_max_connections,
+    raise_open_files_limit,
+)
 from metrale_server.cli.serve_args import ServeArgs, default_max_queued_requests
 from metrale_server.devices import (
     format_choice_lines,
@@ -84,6 +90,7 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
         raise ServeError(
             f"cannot listen on {args.bind} (--host/--port): {error.strerror or error}"
         ) from error
+    sockets, connections = _capped(sockets, args)
     dashboard = _start_dashboard(args, sockets) if show_dashboard else None
     try:
         warn_if_exposed(args)
@@ -104,7 +111,7 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
             # ran torch keeps its OpenMP team, and with it alive the engine thread's small
             # int8 matmuls ran at half speed (measured: 45 -> 100 us per call).
             pool.shutdown(wait=False)
-            return asyncio.run(_serve(args, config, sockets, front, loading))
+            return asyncio.run(_serve(args, config, sockets, front, loading, connections))
     finally:
         if dashboard is not None:
             dashboard.close()
@@ -156,6 +163,29 @@ def hypercorn_config(args: ServeArgs) -> Config:
         config.certfile = str(args.ssl_certfile)
         config.keyfile = None if args.ssl_keyfile is None else str(args.ssl_keyfile)
     return config
+
+
+def _capped(sockets: Sockets, args: ServeArgs) -> tuple[Sockets, ConnectionCount]:
+    """The listening sockets under one connection cap: ``--max-connections``, else (until the
+    engine's batch is known, see ``max_connections``) the open-files limit."""
+    open_files = raise_open_files_limit()
+    count = ConnectionCount(
+        limit=args.max_connections or default_max_connections(None, open_files),
+        open_files_limit=open_files,
+    )
+    secure = cap_connections(list(sockets.secure_sockets), count, is_tls=True)
+    insecure = cap_connections(list(sockets.insecure_sockets), count, is_tls=False)
+    return Sockets(secure, insecure, sockets.quic_sockets), count
+
+
+def max_connections(args: ServeArgs, engine: Engine, open_files_limit: int) -> int:
+    """``--max-connections`` (0: the open-files limit), by default room for the batch, the
+    queue and spare connections."""
+    if args.max_connections is not None:
+        return args.max_connections or default_max_connections(None, open_files_limit)
+    queued = queue_bound(args, engine)
+    held = None if queued is None else queued + engine.max_batch_size
+    return default_max_connections(held, open_files_limit)
 
 
 def _listening(sockets: Sockets) -> list[socket.socket]:
@@ -324,6 +354,7 @@ async def _serve(
     sockets: Sockets,
     front: LoadingApp,
     loading: concurrent.futures.Future[Engine],
+    connections: ConnectionCount,
 ) -> int:
     from hypercorn.asyncio.run import worker_serve
     from hypercorn.typing import ASGIFramework
@@ -393,6 +424,16 @@ async def _serve(
             max_queued_requests=queue_bound(args, engine),
             metrics=LoggingServerMetrics(engine, args.served_model_name),
             is_draining=stop.is_set(),
+        )
+        connections.limit = max_connections(args, engine, connections.open_files_limit)
+        queued = state.max_queued_requests
+        logger.info(
+            "load bounds: %s requests may wait for the batch of %d (429 past it), %d open "
+            "connections (503 past it; open-files limit %d)",
+            "any number of" if queued is None else queued,
+            engine.max_batch_size,
+            connections.limit,
+            connections.open_files_limit,
         )
         freeze_heap()
         front.serve(create_app(state))

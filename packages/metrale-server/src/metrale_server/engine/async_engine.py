@@ -16,6 +16,7 @@ from metrale_server.output.core_output import EngineCoreOutput
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
+from metrale_server.structured import CompiledGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class _Add:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
+    grammar: CompiledGrammar | None
 
 
 @attrs.frozen
@@ -83,11 +85,17 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         prompt: str | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        """``grammar``: the request's constraint, compiled off the event loop by the caller;
+        otherwise it is compiled (or found in the cache) here. The engine thread gets the
+        compiled grammar and never compiles."""
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        params = self.core.check_request(prompt_ids, params)
+        params = self.core.check_request(prompt_ids, params, grammar=grammar)
+        if grammar is None:
+            grammar = self.core.compile_grammar(params)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
@@ -95,7 +103,7 @@ class AsyncEngine:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._streams[request_id] = (loop, stream)
         self._processor.add_request(request_id, prompt, prompt_ids, params, RequestOutputKind.DELTA)
-        self._commands.put(_Add(request_id, prompt_ids, params))
+        self._commands.put(_Add(request_id, prompt_ids, params, grammar))
         return self._iterate(request_id, stream)
 
     async def _iterate(
@@ -182,7 +190,12 @@ class AsyncEngine:
     def _apply(self, command: _Add | _Abort) -> EngineCoreOutput | None:
         if isinstance(command, _Add):
             try:
-                self.core.add_request(command.request_id, command.prompt_token_ids, command.params)
+                self.core.add_request(
+                    command.request_id,
+                    command.prompt_token_ids,
+                    command.params,
+                    grammar=command.grammar,
+                )
             except Exception as error:
                 return _error_output(command.request_id, str(error))
             return None

@@ -34,7 +34,7 @@ from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
 from metrale_server.speculative import DraftModelProposer, check_same_tokenizer, propose_ngram
 from metrale_server.speculative.draft_model import draft_allocator
-from metrale_server.structured import GrammarCompiler, GrammarError
+from metrale_server.structured import CompiledGrammar, GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,17 @@ def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
     )
 
 
+class SamplingFaultError(RuntimeError):
+    """Sampling one sequence's token raised (logged where it did); its request fails."""
+
+
 class GrammarFaultError(RuntimeError):
-    """A grammar refused a token its own mask allowed (a fault of the grammar library)."""
+    """A grammar cannot go on: it refused a token its own mask allowed, or the grammar engine
+    hit one of its limits (the message says which); the request fails with it."""
+
+    def __init__(self, message: str, *, is_request_fault: bool = False) -> None:
+        super().__init__(message)
+        self.is_request_fault = is_request_fault
 
 
 class RequestError(ValueError):
@@ -237,17 +246,18 @@ class EngineCore:
         params: SamplingParams,
         *,
         arrival_time: float | None = None,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
+        """Queue a request. ``grammar`` is its constraint compiled by the caller (the server
+        compiles on its preparation threads, so this thread never does); compiled here (or
+        taken from the cache) when not given."""
         if request_id in self._groups:
             raise RequestError(f"request id {request_id!r} is already running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        params = self.check_request(prompt_ids, params)
+        params = self.check_request(prompt_ids, params, grammar=grammar)
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        grammar = (
-            None
-            if params.structured_outputs is None
-            else self.grammar_compiler.compile(params.structured_outputs)
-        )
+        if grammar is None:
+            grammar = self.compile_grammar(params)
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
@@ -269,10 +279,17 @@ class EngineCore:
         self._groups[request_id] = group
         self.scheduler.add(group)
 
-    def check_request(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
+    def check_request(
+        self,
+        prompt: tuple[int, ...],
+        params: SamplingParams,
+        *,
+        grammar: CompiledGrammar | None = None,
+    ) -> SamplingParams:
         """Refuse what can never run; fill ``max_tokens`` when the caller left it open.
 
-        A grammar is compiled here (and cached), so one that cannot be built is refused.
+        Without ``grammar`` (compiled by the caller), the request's grammar is compiled here
+        (and cached), so one that cannot be built is refused.
         """
         if not prompt:
             raise RequestError("the prompt is empty")
@@ -301,12 +318,19 @@ class EngineCore:
                 f"the request needs up to {params.n * blocks_per_seq} KV blocks but the pool has "
                 f"{self.num_kv_blocks}: it could never fit"
             )
-        if params.structured_outputs is not None:
-            try:
-                self.grammar_compiler.compile(params.structured_outputs)
-            except GrammarError as error:
-                raise RequestError(f"structured_outputs: {error}") from error
+        if grammar is None:
+            self.compile_grammar(params)
         return params
+
+    def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's compiled constraint (from the cache when it is there), ``None`` when
+        it has none; ``RequestError`` when it cannot be built."""
+        if params.structured_outputs is None:
+            return None
+        try:
+            return self.grammar_compiler.compile(params.structured_outputs)
+        except GrammarError as error:
+            raise RequestError(f"structured_outputs: {error}") from error
 
     def abort(
         self, request_id: str, indices: SequenceOf[int] | None = None
@@ -344,7 +368,7 @@ class EngineCore:
         (its grammar refuses or raises) fails its request alone: aborted here, an error
         output; every other request goes on."""
         deltas: dict[str, list[SequenceDelta]] = {}
-        failed: dict[str, str] = {}
+        failed: dict[str, tuple[str, bool]] = {}
         by_seq: dict[int, list[SampledToken]] = {}
         for token in sampled:
             by_seq.setdefault(token.seq.seq_id, []).append(token)
@@ -355,8 +379,17 @@ class EngineCore:
             try:
                 delta = self._append_all(tokens)
             except Exception as error:
-                logger.exception("request %s: output %d cannot go on", seq.request_id, seq.index)
-                failed[seq.request_id] = f"output {seq.index} cannot go on: {error}"
+                is_request_fault = getattr(error, "is_request_fault", False)
+                if is_request_fault:
+                    logger.warning("request %s: %s", seq.request_id, error)
+                else:
+                    logger.exception(
+                        "request %s: output %d cannot go on", seq.request_id, seq.index
+                    )
+                failed[seq.request_id] = (
+                    f"output {seq.index} cannot go on: {error}",
+                    is_request_fault,
+                )
                 continue
             deltas.setdefault(seq.request_id, []).append(delta)
         for request_id in failed:
@@ -378,8 +411,14 @@ class EngineCore:
             for request_id, request_deltas in deltas.items()
         ]
         outputs += [
-            EngineCoreOutput(request_id=request_id, deltas=(), finished=True, error=message)
-            for request_id, message in failed.items()
+            EngineCoreOutput(
+                request_id=request_id,
+                deltas=(),
+                finished=True,
+                error=message,
+                is_request_fault=is_request_fault,
+            )
+            for request_id, (message, is_request_fault) in failed.items()
         ]
         return outputs
 
@@ -476,6 +515,8 @@ class EngineCore:
         return room - 1
 
     def _append(self, token: SampledToken) -> SequenceDelta:
+        if token.fault is not None:
+            raise SamplingFaultError(token.fault)
         seq, token_id = token.seq, token.token_id
         params = seq.params
         seq.append_token(token_id)
@@ -504,12 +545,21 @@ class EngineCore:
     def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
         """Feed the sampled token to the sequence's grammar; ``False`` when the output must end
         here (the grammar is complete: it accepted EOS, even under ``ignore_eos``). Raises
-        ``GrammarFaultError`` when it refuses a token its own mask allowed: the request fails with
-        an error, never a silent ``stop``."""
-        assert seq.grammar is not None
-        if not seq.grammar.accept_token(token_id):
+        ``GrammarFaultError`` when it refuses a token its own mask allowed or the grammar engine
+        stopped on a limit (its mask then allows EOS only): the request fails with an error,
+        never a silent ``stop``."""
+        grammar = seq.grammar
+        assert grammar is not None
+        is_accepted = grammar.accept_token(token_id)
+        if grammar.error is not None:
+            raise GrammarFaultError(
+                f"structured output: the grammar is too complex for the grammar engine at "
+                f"output token {seq.num_output_tokens}: {grammar.error}",
+                is_request_fault=True,
+            )
+        if not is_accepted:
             raise GrammarFaultError(f"the grammar refused token {token_id} that its mask allowed")
-        return not seq.grammar.is_terminated
+        return not grammar.is_terminated
 
     def _count(self, step: SchedulerStep, num_sampled: int) -> None:
         prompt_tokens = partial = forked = 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Protocol
 
 import attrs
@@ -25,12 +28,18 @@ from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sa
 from metrale_server.speculative import target_probs, verify_greedy, verify_sampled
 from metrale_server.speculative.grammar_mask import mask_by_grammar
 
+logger = logging.getLogger(__name__)
+
 
 @attrs.frozen(kw_only=True, slots=True)
 class SampledToken:
+    """A token sampled for ``seq``; ``fault`` (and no token) when sampling it raised: that
+    sequence's request fails, the others in the step go on."""
+
     seq: Sequence
     token_id: int
     logprob: TokenLogprob | None = None
+    fault: str | None = None
 
 
 class WorkerChannel(Protocol):
@@ -255,13 +264,43 @@ class ModelRunner:
         drafted = [
             token
             for seq, first in speculated
-            for token in self._verify(seq, all_logits[first : first + 1 + len(seq.draft_token_ids)])
+            for token in _isolated(
+                seq,
+                partial(
+                    self._verify, seq, all_logits[first : first + 1 + len(seq.draft_token_ids)]
+                ),
+            )
         ]
         if not samplers:
             return drafted
         logits = all_logits
         if row_logits != list(range(all_logits.shape[0])):
             logits = all_logits[torch.tensor(row_logits, device=all_logits.device)]
+        return self._sample_isolated(logits, samplers) + drafted
+
+    def _sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
+        """``_sample`` of the whole batch; when it raises, of each row alone (seeded rows from
+        their generators' states before the failed try), so a fault in one row's sampling (its
+        grammar mask, its logit processing) fails that sequence only."""
+        states = [
+            (seq.generator, seq.generator.get_state()) for seq in seqs if seq.generator is not None
+        ]
+        try:
+            return self._sample(logits, seqs)
+        except Exception:
+            logger.exception("sampling %d rows failed; sampling each row alone", len(seqs))
+        for generator, state in states:
+            generator.set_state(state)
+        return [
+            token
+            for row, seq in enumerate(seqs)
+            for token in _isolated(
+                seq,
+                partial(self._sample, logits[row : row + 1], [seq]),
+            )
+        ]
+
+    def _sample(self, logits: torch.Tensor, samplers: list[Sequence]) -> list[SampledToken]:
         rows = [self._sampling_row(seq) for seq in samplers]
         batch = prepare_sampling_batch(rows, logits.shape[1], logits.device)
         sampled = sample(logits, batch, generator=self._generator)
@@ -282,7 +321,7 @@ class ModelRunner:
             for seq, token_id, logprobs in zip(
                 samplers, sampled.token_ids, sampled.logprobs, strict=True
             )
-        ] + drafted
+        ]
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[SampledToken]:
         """The tokens a sequence with drafts emits: the drafts kept, then one more, with their
@@ -333,3 +372,12 @@ class ModelRunner:
             eos_token_ids=self.eos_token_ids,
             grammar=seq.grammar,
         )
+
+
+def _isolated(seq: Sequence, sample_seq: Callable[[], list[SampledToken]]) -> list[SampledToken]:
+    """``sample_seq()``, or one ``fault`` token for ``seq`` when it raises."""
+    try:
+        return sample_seq()
+    except Exception as error:
+        logger.exception("request %s: sampling output %d failed", seq.request_id, seq.index)
+        return [SampledToken(seq=seq, token_id=-1, fault=f"sampling failed: {error}")]

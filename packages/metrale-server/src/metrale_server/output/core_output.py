@@ -24,10 +24,13 @@ class SequenceDelta:
 
 @attrs.frozen(kw_only=True, slots=True)
 class EngineCoreOutput:
-    """A request's news from one step; ``finished`` once every output has finished."""
+    """A request's news from one step; ``finished`` once every output has finished.
+    ``error``: why the request failed; ``is_request_fault`` when its own input caused it (a
+    grammar too complex for the grammar engine), so the message is fit for the client."""
 
     request_id: str
     deltas: tuple[SequenceDelta, ...]
     finished: bool
     num_cached_tokens: int = 0
     error: str | None = None
+    is_request_fault: bool = False

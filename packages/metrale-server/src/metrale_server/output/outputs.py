@@ -54,7 +54,8 @@ class CompletionOutput:
 class RequestOutput:
     """A request's state after an engine step; ``finished`` once every output has finished.
 
-    ``error`` is set (and ``outputs`` empty) when the request was refused or failed.
+    ``error`` is set (and ``outputs`` empty) when the request was refused or failed;
+    ``is_request_fault`` when its own input caused the failure (the message may be shown).
     """
 
     request_id: str
@@ -64,3 +65,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     error: str | None = None
+    is_request_fault: bool = False

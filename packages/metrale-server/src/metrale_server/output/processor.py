@@ -96,7 +96,13 @@ class OutputProcessor:
             if state is None:
                 continue  # finished here already (a stop string); the core is catching up
             if core_output.error is not None:
-                outputs.append(self.fail(core_output.request_id, core_output.error))
+                outputs.append(
+                    self.fail(
+                        core_output.request_id,
+                        core_output.error,
+                        is_request_fault=core_output.is_request_fault,
+                    )
+                )
                 continue
             try:
                 output = self._process_one(state, core_output, stopped)
@@ -136,7 +142,9 @@ class OutputProcessor:
             text.finish("abort")
         return _report(state)
 
-    def fail(self, request_id: str, message: str) -> RequestOutput:
+    def fail(
+        self, request_id: str, message: str, *, is_request_fault: bool = False
+    ) -> RequestOutput:
         state = self._requests.pop(request_id, None)
         return RequestOutput(
             request_id=request_id,
@@ -145,6 +153,7 @@ class OutputProcessor:
             outputs=(),
             finished=True,
             error=message,
+            is_request_fault=is_request_fault,
         )
 
     def _apply(self, state: RequestState, delta: SequenceDelta) -> bool:

@@ -15,8 +15,8 @@ def _str_tuple(values: Iterable[str] | str) -> tuple[str, ...]:
     return (values,) if isinstance(values, str) else tuple(values)
 
 
-def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)
+def _int_set(values: Iterable[int]) -> frozenset[int]:
+    return frozenset(int(v) for v in values)
 
 
 def _check(condition: bool, field: str, message: str) -> None:
@@ -49,7 +49,8 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    # A set: each sampled token is looked up in it, on the engine thread and the event loop.
+    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=_int_set)
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True

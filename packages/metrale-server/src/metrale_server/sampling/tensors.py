@@ -52,7 +52,7 @@ class SamplingRow:
             return ()
         is_eos_free = self.params.ignore_eos or self.grammar is not None
         eos_token_ids = () if is_eos_free else self.eos_token_ids
-        return (*eos_token_ids, *self.params.stop_token_ids)
+        return (*eos_token_ids, *sorted(self.params.stop_token_ids))
 
     def __repr__(self) -> str:
         return (

@@ -35,6 +35,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,13 @@ JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
 }
 ANY_JSON_OBJECT = '{"type": "object"}'
+# llguidance's default row bound (2,000 Earley items) is below what an object of a few thousand
+# optional properties needs (~4 items a property): its mask allows ``{`` and consuming it then
+# fails. Sized for the largest schema a request may send (``MAX_GRAMMAR_CHARS`` of the API);
+# at ~20k items/ms a step stays within ~10 ms. Terse errors: they reach the client.
+PARSER_LIMITS = llguidance.LLParserLimits(
+    max_items_in_row=100_000, step_max_items=200_000, verbose_errors=False
+)
 MAX_ERROR_CHARS = 500
 # llguidance's Lark: a ``start`` rule (``?start``/``!start`` too) or its ``%llguidance`` header.
 _LARK_START = re.compile(r"(?m)^\s*(%llguidance\b|[?!]?start\s*:)")
@@ -74,7 +82,9 @@ class GrammarCompiler:
     ``vocab_size`` is the width of the model's logits, at least the tokenizer's vocabulary: ids
     past the tokenizer's vocabulary are never allowed. Compiled grammars are cached by their
     params (the ``cache_size`` most recently used); ``compile`` of equal params returns the same
-    ``CompiledGrammar``.
+    ``CompiledGrammar``. A grammar evicted from the cache but still held (by a request between
+    the API's compile and the engine, or by a running output's matcher) is found again rather
+    than rebuilt, so the engine thread never compiles what the API already did.
     """
 
     def __init__(
@@ -95,6 +105,9 @@ class GrammarCompiler:
         )
         self._cache: OrderedDict[StructuredOutputsParams, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
+        self._held: weakref.WeakValueDictionary[StructuredOutputsParams, CompiledGrammar] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
         self.num_compiled = 0
         self.num_cache_hits = 0
@@ -104,14 +117,18 @@ class GrammarCompiler:
         """The grammar of ``params``, from the cache when it is there; ``GrammarError`` (not
         cached) when it cannot be built."""
         with self._lock:
-            cached = self._cache.get(params)
+            cached = self._cache.get(params) or self._held.get(params)
             if cached is not None:
+                self._cache[params] = cached
                 self._cache.move_to_end(params)
+                self._evict()
                 self.num_cache_hits += 1
                 return cached
         # Outside the lock: llguidance drops the GIL while it builds, other threads go on.
         start = time.perf_counter()
-        matcher = llguidance.LLMatcher(self._tokenizer, _grammar_text(params), log_level=0)
+        matcher = llguidance.LLMatcher(
+            self._tokenizer, _grammar_text(params), log_level=0, limits=PARSER_LIMITS
+        )
         if matcher.is_error():
             raise GrammarError(f"invalid {_NOUNS[params.kind]}: {_describe(matcher.get_error())}")
         seconds = time.perf_counter() - start
@@ -126,10 +143,14 @@ class GrammarCompiler:
             self.compile_seconds += seconds
             # Another thread may have compiled the same params meanwhile: all callers get one.
             compiled = self._cache.setdefault(params, compiled)
+            self._held[params] = compiled
             self._cache.move_to_end(params)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._evict()
         return compiled
+
+    def _evict(self) -> None:
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
 
     @property
     def num_cached(self) -> int:
