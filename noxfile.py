@@ -37,6 +37,8 @@ REFERENCE_DEPS = {
         "sentencepiece",
         "protobuf",
         "openai>=1.40",
+        # The Messages API tests' client (messages.count_tokens outside beta; tested with 2.17).
+        "anthropic>=2.17",
         "httpx>=0.27",
         # Validates structured outputs against their JSON schemas.
         "jsonschema>=4",

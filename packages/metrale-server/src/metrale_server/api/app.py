@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from metrale_server.api import misc_routes
+from metrale_server.api import anthropic_messages, misc_routes
 from metrale_server.api.auth import AuthMiddleware
 from metrale_server.api.body_limit import BodyLimitMiddleware
 from metrale_server.api.chat import create_chat_completion
@@ -36,7 +36,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(state: ServerState) -> Starlette:
-    """The OpenAI-compatible API over ``state``; routes, middleware and error shapes.
+    """The OpenAI-compatible API (and Anthropic's Messages API, ``/v1/messages``) over
+    ``state``; routes, middleware and error shapes.
 
     Middleware, outermost first: CORS for ``state.allowed_origins`` (none by default: a page
     on another origin cannot read a response), internal errors become 500s, the Host and
@@ -49,6 +50,12 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/completions", bound(create_completion), methods=["POST"]),
         Route("/v1/chat/completions", bound(create_chat_completion), methods=["POST"]),
+        Route("/v1/messages", bound(anthropic_messages.create_message), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens",
+            bound(anthropic_messages.count_tokens),
+            methods=["POST"],
+        ),
         Route("/v1/models", bound(misc_routes.list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", bound(misc_routes.get_model), methods=["GET"]),
         Route("/health", bound(misc_routes.health), methods=["GET"]),
@@ -94,7 +101,8 @@ def cors_middleware(allowed_origins: tuple[str, ...]) -> list[Middleware]:
             CORSMiddleware,
             allow_origins=list(allowed_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            # x-api-key and anthropic-version: what Anthropic's clients send.
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
             max_age=600,
         )
     ]

@@ -1,5 +1,6 @@
-"""Bearer-token auth as a plain ASGI middleware; health stays open, and metrics and memory
-unless ``state.protect_observability``."""
+"""API-key auth as a plain ASGI middleware: ``Authorization: Bearer <key>`` (OpenAI's clients)
+or ``x-api-key: <key>`` (Anthropic's); health stays open, and metrics and memory unless
+``state.protect_observability``."""
 
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ def is_open(path: str, state: ServerState) -> bool:
     return path in HEALTH_PATHS or (path in OBSERVABILITY_PATHS and not state.protect_observability)
 
 
-def is_authorized(authorization: str | None, api_keys: tuple[str, ...]) -> bool:
-    """``Authorization: Bearer K`` with K one of ``api_keys``; every key is compared, each in
-    constant time, so the time taken says nothing about which key came close."""
+def is_authorized(
+    authorization: str | None, api_keys: tuple[str, ...], x_api_key: str | None = None
+) -> bool:
+    """``Authorization: Bearer K`` or ``x-api-key: K`` with K one of ``api_keys``; each key
+    presented is compared with every key, each in constant time, so the time taken says
+    nothing about which key came close."""
     scheme, _, token = (authorization or "").partition(" ")
-    presented = token.strip().encode() if scheme.lower() == "bearer" else b""
-    matches = [hmac.compare_digest(presented, key.encode()) for key in api_keys]
-    return bool(presented) and any(matches)
+    bearer = token.strip().encode() if scheme.lower() == "bearer" else b""
+    presented = [key for key in (bearer, (x_api_key or "").strip().encode()) if key]
+    matches = [hmac.compare_digest(p, key.encode()) for p in presented for key in api_keys]
+    return any(matches)
 
 
 class AuthMiddleware(RefusingMiddleware):
@@ -37,11 +42,12 @@ class AuthMiddleware(RefusingMiddleware):
         api_keys = self.state.api_keys
         if not api_keys or is_open(scope["path"], self.state):
             return None
-        if is_authorized(headers.get("authorization"), api_keys):
+        if is_authorized(headers.get("authorization"), api_keys, headers.get("x-api-key")):
             return None
         return ApiError(
             401,
-            "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+            "a valid API key is required: send it as 'Authorization: Bearer <key>' or "
+            "'x-api-key: <key>'",
             code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer", **closing_if_body(headers)},
         )

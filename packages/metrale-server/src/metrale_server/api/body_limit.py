@@ -38,7 +38,7 @@ class BodyLimitMiddleware:
         limit = self.state.max_body_bytes
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await body_too_large(limit).to_response()(scope, receive, send)
+            await body_too_large(limit).to_response(scope["path"])(scope, receive, send)
             return
         num_received = 0
 

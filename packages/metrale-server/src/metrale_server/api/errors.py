@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: the exception routes raise, and the handlers that render it."""
+"""Errors: the exception routes raise, and the handlers that render it, in OpenAI's shape, or
+in Anthropic's on the Messages API paths (``/v1/messages``...)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,28 @@ def closing_if_body(headers: Headers) -> dict[str, str]:
 
 
 _TYPE_BY_STATUS = {501: "not_implemented_error", 503: "service_unavailable_error"}
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPE_BY_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether ``path`` belongs to Anthropic's Messages API, whose errors take its shape."""
+    return path == ANTHROPIC_PATH or path.startswith(f"{ANTHROPIC_PATH}/")
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's ``error.type`` for an HTTP status: ``invalid_request_error`` for any other
+    4xx, ``api_error`` for any other 5xx."""
+    default = "invalid_request_error" if status < 500 else "api_error"
+    return _ANTHROPIC_TYPE_BY_STATUS.get(status, default)
 
 
 def error_type_for(status: int) -> str:
@@ -73,8 +96,17 @@ class ApiError(Exception):
             }
         }
 
-    def to_response(self) -> JSONResponse:
-        return JSONResponse(self.to_body(), status_code=self.status, headers=self.headers)
+    def to_anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape; the message names the field at fault, as ``param`` does."""
+        return {
+            "type": "error",
+            "error": {"type": anthropic_error_type(self.status), "message": self.message},
+        }
+
+    def to_response(self, path: str = "") -> JSONResponse:
+        """The response for a request to ``path``: Anthropic's shape on its paths."""
+        body = self.to_anthropic_body() if is_anthropic_path(path) else self.to_body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, *, param: str | None = None) -> ApiError:
@@ -99,11 +131,11 @@ def internal_error(
 
 async def api_error_handler(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
-    return error.to_response()
+    return error.to_response(request.url.path)
 
 
 async def http_exception_handler(request: Request, error: Exception) -> Response:
-    """Starlette's own 404 / 405 (and any other ``HTTPException``) in the OpenAI shape."""
+    """Starlette's own 404 / 405 (and any other ``HTTPException``) as an ``ApiError``."""
     assert isinstance(error, HTTPException)
     if error.status_code == 404:
         message = f"no route for {request.method} {request.url.path}"
@@ -112,11 +144,11 @@ async def http_exception_handler(request: Request, error: Exception) -> Response
     else:
         message = error.detail or HTTPStatus(error.status_code).phrase
     headers = {**(error.headers or {}), **closing_if_body(request.headers)}
-    return ApiError(error.status_code, message, headers=headers).to_response()
+    return ApiError(error.status_code, message, headers=headers).to_response(request.url.path)
 
 
 class InternalErrorMiddleware:
-    """An exception escaping a route becomes a 500 in the OpenAI shape; the server goes on.
+    """An exception escaping a route becomes a 500 (``ApiError``'s shape); the server goes on.
 
     Once a response has started nothing can be sent in its place, so the exception is
     re-raised for the server to close the connection.
@@ -148,4 +180,4 @@ class InternalErrorMiddleware:
                 f"internal error serving {scope['method']} {scope['path']}",
                 headers=closing_if_body(Headers(scope=scope)),
             )
-            await response.to_response()(scope, receive, send)
+            await response.to_response(scope["path"])(scope, receive, send)

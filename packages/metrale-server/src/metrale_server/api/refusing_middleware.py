@@ -24,6 +24,6 @@ class RefusingMiddleware:
         if scope["type"] == "http":
             error = self.refusal(scope, Headers(scope=scope))
             if error is not None:
-                await error.to_response()(scope, receive, send)
+                await error.to_response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 from metrale_server.api.errors import ApiError, internal_error
 
 DONE_EVENT = "data: [DONE]\n\n"
+EventGuard = Callable[[AsyncGenerator[str, None]], AsyncGenerator[str, None]]
 
 
 def sse_event(payload: Mapping[str, Any]) -> str:
@@ -38,9 +39,14 @@ class EventStreamResponse(StreamingResponse):
     the client goes away, so the requests behind it are aborted and their KV blocks freed."""
 
     def __init__(
-        self, events: AsyncGenerator[str, None], *, on_close: Callable[[], None] | None = None
+        self,
+        events: AsyncGenerator[str, None],
+        *,
+        on_close: Callable[[], None] | None = None,
+        guard: EventGuard = guarded_events,
     ) -> None:
-        self._events = guarded_events(events)
+        """``guard`` frames the stream's end and a failure mid-stream (OpenAI's by default)."""
+        self._events = guard(events)
         self._on_close = on_close
         super().__init__(
             self._events,
