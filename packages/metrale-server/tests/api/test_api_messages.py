@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from .conftest import RunningServer
+from .conftest import RunningServer, greedy_chat
 from .test_api_tools import TIME_PARAMETERS, WEATHER_PARAMETERS
 
 anthropic = pytest.importorskip("anthropic")
@@ -92,17 +92,7 @@ def without_ids(message: Any) -> dict[str, Any]:
 
 
 def chat(server: RunningServer, **fields: Any) -> dict[str, Any]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "system", "content": SYSTEM}, *MESSAGES],
-        "max_tokens": 10,
-        "temperature": 0,
-        **fields,
-    }
-    response = server.client.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
+    return greedy_chat(server, [{"role": "system", "content": SYSTEM}, *MESSAGES], **fields)
 
 
 def test_a_message_is_the_chat_routes_completion(server: RunningServer, client: Any) -> None:

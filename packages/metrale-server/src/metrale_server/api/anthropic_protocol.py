@@ -133,11 +133,7 @@ def _read_conversation(fields: Fields, *, max_tokens: object) -> Conversation:
 
 def _read_tools(fields: Fields) -> list[dict[str, Any]]:
     tools = []
-    for index, value in enumerate(fields.read_list("tools") or []):
-        param = f"tools[{index}]"
-        if not isinstance(value, dict):
-            fields.fail(param, f"expected an object, got {describe(value)}")
-        tool = Fields(value, f"{param}.")
+    for tool in fields.read_object_list("tools"):
         kind = tool.read_optional_str("type")
         if kind not in (None, "custom"):
             tool.fail(

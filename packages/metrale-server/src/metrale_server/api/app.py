@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from metrale_server.api import anthropic_messages, misc_routes
+from metrale_server.api import anthropic_messages, misc_routes, responses_route
 from metrale_server.api.auth import AuthMiddleware
 from metrale_server.api.body_limit import BodyLimitMiddleware
 from metrale_server.api.chat import create_chat_completion
@@ -36,8 +36,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(state: ServerState) -> Starlette:
-    """The OpenAI-compatible API (and Anthropic's Messages API, ``/v1/messages``) over
-    ``state``; routes, middleware and error shapes.
+    """The OpenAI-compatible API (``/v1/responses`` included) and Anthropic's Messages API
+    (``/v1/messages``) over ``state``; routes, middleware and error shapes.
 
     Middleware, outermost first: CORS for ``state.allowed_origins`` (none by default: a page
     on another origin cannot read a response), internal errors become 500s, the Host and
@@ -55,6 +55,17 @@ def create_app(state: ServerState) -> Starlette:
             "/v1/messages/count_tokens",
             bound(anthropic_messages.count_tokens),
             methods=["POST"],
+        ),
+        Route("/v1/responses", bound(responses_route.create_response), methods=["POST"]),
+        Route(
+            "/v1/responses/{response_id}",
+            bound(responses_route.get_response),
+            methods=["GET"],
+        ),
+        Route(
+            "/v1/responses/{response_id}",
+            bound(responses_route.delete_response),
+            methods=["DELETE"],
         ),
         Route("/v1/models", bound(misc_routes.list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", bound(misc_routes.get_model), methods=["GET"]),

@@ -62,11 +62,7 @@ def _read_message(item: Fields) -> dict[str, Any]:
 
 def _read_tool_calls(item: Fields) -> list[dict[str, Any]]:
     calls = []
-    for index, value in enumerate(item.read_list("tool_calls") or []):
-        param = f"tool_calls[{index}]"
-        if not isinstance(value, dict):
-            item.fail(param, f"expected an object, got {describe(value)}")
-        call = Fields(value, item.param(f"{param}."))
+    for call in item.read_object_list("tool_calls"):
         call_id = call.read_optional_str("id")
         if call.read_optional_str("type") not in (None, "function"):
             call.fail("type", 'must be "function"')

@@ -150,6 +150,17 @@ class Fields:
             self.fail(name, f"expected an array, got {_json_type(value)}")
         return value
 
+    def read_object_list(self, name: str) -> list[Fields]:
+        """Each element of the array ``name`` (absent: none) as the fields of an object,
+        named ``name[i].`` in errors; an element that is not an object is a 400 naming it."""
+        objects = []
+        for index, value in enumerate(self.read_list(name) or []):
+            param = f"{name}[{index}]"
+            if not isinstance(value, dict):
+                self.fail(param, f"expected an object, got {_json_type(value)}")
+            objects.append(Fields(value, self.param(f"{param}.")))
+        return objects
+
     def read_nonempty_list(self, name: str) -> list[Any]:
         """A required array with at least one element."""
         value = self.read_list(name)

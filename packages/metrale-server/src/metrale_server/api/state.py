@@ -10,6 +10,7 @@ import attrs
 from metrale_server.api.logprobs import TokenTexts
 from metrale_server.api.metrics import ServerMetrics
 from metrale_server.api.prepare import RequestPreparer
+from metrale_server.api.responses_store import ResponseStore
 from metrale_server.engine.async_engine import AsyncEngine
 from metrale_server.engine.engine import Engine
 
@@ -70,6 +71,8 @@ class ServerState:
         repr=False,
     )
     preparer: RequestPreparer = attrs.field(factory=RequestPreparer, repr=False)
+    # The Responses API's stored responses (host heap, outside the memory plan).
+    response_store: ResponseStore = attrs.field(factory=ResponseStore, repr=False)
     started_at: float = attrs.field(factory=time.time)
     is_ready: bool = False
     is_draining: bool = False
