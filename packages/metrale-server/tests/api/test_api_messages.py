@@ -59,26 +59,25 @@ def client(server: RunningServer) -> Iterator[Any]:
     server.wait_idle()
 
 
-def create(client: Any, **fields: Any) -> Any:
-    body: dict[str, Any] = {
+def arguments(**fields: Any) -> dict[str, Any]:
+    """The SDK's arguments for the test conversation, greedy, in 10 tokens; ``fields`` replace
+    any of them."""
+    body = {
         "model": MODEL,
         "max_tokens": 10,
         "system": SYSTEM,
         "messages": MESSAGES,
         "extra_body": GREEDY,
     }
-    return client.messages.create(**{**body, **fields})
+    return {**body, **fields}
+
+
+def create(client: Any, **fields: Any) -> Any:
+    return client.messages.create(**arguments(**fields))
 
 
 def streamed(client: Any, **fields: Any) -> Any:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "max_tokens": 10,
-        "system": SYSTEM,
-        "messages": MESSAGES,
-        "extra_body": GREEDY,
-    }
-    with client.messages.stream(**{**body, **fields}) as stream:
+    with client.messages.stream(**arguments(**fields)) as stream:
         return stream.get_final_message()
 
 

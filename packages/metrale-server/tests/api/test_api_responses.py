@@ -375,3 +375,26 @@ def test_unknown_ids_are_404s(server: RunningServer) -> None:
         response = server.client.request(method, "/v1/responses/resp_nope")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"
+
+
+def test_a_failure_mid_stream_is_a_numbered_error_event(
+    server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_step() -> Any:
+        raise RuntimeError("injected engine failure")
+
+    monkeypatch.setattr(server.engine.core, "step", failing_step)
+    body = {"model": MODEL, "input": INPUT, "max_output_tokens": 4, "stream": True}
+    response = server.client.post("/v1/responses", json=body)
+    monkeypatch.undo()
+    assert response.status_code == 200
+    frames = response.content.decode().split("\n\n")
+    assert frames[-1] == ""  # no [DONE]: the Responses API ends on its last event
+    name, data = frames[-2].split("\n")
+    assert name == "event: error"
+    error = json.loads(data.removeprefix("data: "))
+    previous = json.loads(frames[-3].split("\n")[1].removeprefix("data: "))
+    assert error["sequence_number"] == previous["sequence_number"] + 1
+    assert error["code"] == "internal_error"
+    assert "injected" not in error["message"]
+    server.wait_idle()

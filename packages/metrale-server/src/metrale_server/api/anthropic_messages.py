@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.anthropic_protocol import count_message_tokens, parse_messages_request
-from metrale_server.api.anthropic_stream import guarded_message_events, message_events
+from metrale_server.api.anthropic_stream import anthropic_error_frame, message_events
 from metrale_server.api.anthropic_wire import (
     ContentBlock,
     MessageHeader,
@@ -57,7 +57,8 @@ async def create_message(request: Request, *, state: ServerState) -> Response:
         return EventStreamResponse(
             message_events(state, parsed, generations, header),
             on_close=partial(close_all, generations),
-            guard=guarded_message_events,
+            error_frame=anthropic_error_frame,
+            end=None,
         )
     [final] = await final_outputs(generations, request.receive)
     return JSONResponse(message_body(state, parsed, final, header))

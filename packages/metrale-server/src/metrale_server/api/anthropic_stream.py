@@ -12,7 +12,6 @@ most one thinking block, then one text block, then the tool_use blocks).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
@@ -26,18 +25,18 @@ from metrale_server.api.anthropic_wire import (
 )
 from metrale_server.api.chat import choice_reader
 from metrale_server.api.chat_output import ChatDelta
-from metrale_server.api.errors import ApiError, internal_error
+from metrale_server.api.errors import ApiError
 from metrale_server.api.generation import Generation, merge_outputs
 from metrale_server.api.protocol import ChatRequest
 from metrale_server.api.responses import raise_if_failed
 from metrale_server.api.state import ServerState
+from metrale_server.api.streaming import sse_event
 from metrale_server.output.outputs import CompletionOutput
 
 
 def named_event(payload: Mapping[str, Any]) -> str:
     """One SSE frame named by the payload's ``type``, as Anthropic frames every event."""
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return f"event: {payload['type']}\ndata: {text}\n\n"
+    return sse_event(payload, name=payload["type"])
 
 
 class BlockStream:
@@ -131,14 +130,6 @@ async def message_events(
     yield named_event({"type": "message_stop"})
 
 
-async def guarded_message_events(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """``events``; a failure mid-stream becomes an ``error`` event in Anthropic's shape."""
-    try:
-        async for event in events:
-            yield event
-    except ApiError as error:
-        yield named_event(error.to_anthropic_body())
-    except Exception:
-        yield named_event(internal_error("internal error in an event stream").to_anthropic_body())
-    finally:
-        await events.aclose()
+def anthropic_error_frame(error: ApiError) -> str:
+    """A failure mid-stream: an ``error`` event in Anthropic's shape."""
+    return named_event(error.to_anthropic_body())

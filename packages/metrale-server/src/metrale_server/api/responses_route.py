@@ -22,7 +22,6 @@ from metrale_server.api.responses_protocol import (
 from metrale_server.api.responses_store import StoredResponse
 from metrale_server.api.responses_stream import (
     Sequencer,
-    guarded_response_events,
     response_events,
 )
 from metrale_server.api.responses_wire import (
@@ -65,7 +64,8 @@ async def create_response(request: Request, *, state: ServerState) -> Response:
         return EventStreamResponse(
             response_events(state, parsed, generations, header, sequencer),
             on_close=partial(close_all, generations),
-            guard=partial(guarded_response_events, sequencer),
+            error_frame=sequencer.error_frame,
+            end=None,
         )
     [final] = await final_outputs(generations, request.receive)
     body = response_body(state, parsed, final, header)

@@ -17,7 +17,6 @@ except the message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ import attrs
 
 from metrale_server.api.chat import choice_reader
 from metrale_server.api.chat_output import ChatDelta
-from metrale_server.api.errors import ApiError, internal_error
+from metrale_server.api.errors import ApiError
 from metrale_server.api.generation import Generation, merge_outputs
 from metrale_server.api.responses import raise_if_failed
 from metrale_server.api.responses_protocol import ResponsesRequest
@@ -40,6 +39,7 @@ from metrale_server.api.responses_wire import (
     reasoning_item,
 )
 from metrale_server.api.state import ServerState
+from metrale_server.api.streaming import sse_event
 from metrale_server.output.outputs import CompletionOutput
 
 
@@ -53,8 +53,13 @@ class Sequencer:
         """One SSE frame named by the payload's ``type``, numbered."""
         payload = {**payload, "sequence_number": self.next_number}
         self.next_number += 1
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        return f"event: {payload['type']}\ndata: {text}\n\n"
+        return sse_event(payload, name=payload["type"])
+
+    def error_frame(self, error: ApiError) -> str:
+        """A failure mid-stream: an ``error`` event in OpenAI's shape, numbered."""
+        return self.event(
+            {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+        )
 
 
 @attrs.define
@@ -254,22 +259,3 @@ async def response_events(
             )
         )
     yield sequencer.event({"type": f"response.{status}", "response": body})
-
-
-async def guarded_response_events(
-    sequencer: Sequencer, events: AsyncGenerator[str, None]
-) -> AsyncGenerator[str, None]:
-    """``events``; a failure mid-stream becomes an ``error`` event in OpenAI's shape."""
-    try:
-        async for event in events:
-            yield event
-    except ApiError as error:
-        yield sequencer.event(_error_event(error))
-    except Exception:
-        yield sequencer.event(_error_event(internal_error("internal error in an event stream")))
-    finally:
-        await events.aclose()
-
-
-def _error_event(error: ApiError) -> dict[str, Any]:
-    return {"type": "error", "code": error.code, "message": error.message, "param": error.param}

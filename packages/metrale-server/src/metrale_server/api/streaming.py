@@ -1,4 +1,5 @@
-"""Server-sent events: ``data: {json}\\n\\n`` frames, ``data: [DONE]\\n\\n`` last."""
+"""Server-sent events: ``data: {json}\\n\\n`` frames (after an ``event: <name>`` line where
+the API names its events), ``data: [DONE]\\n\\n`` last on OpenAI's chat and completions."""
 
 from __future__ import annotations
 
@@ -12,26 +13,36 @@ from starlette.types import Receive, Scope, Send
 from metrale_server.api.errors import ApiError, internal_error
 
 DONE_EVENT = "data: [DONE]\n\n"
-EventGuard = Callable[[AsyncGenerator[str, None]], AsyncGenerator[str, None]]
+ErrorFrame = Callable[[ApiError], str]
 
 
-def sse_event(payload: Mapping[str, Any]) -> str:
+def sse_event(payload: Mapping[str, Any], *, name: str | None = None) -> str:
+    """One frame of ``payload``; ``name``: its ``event:`` line."""
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return f"data: {text}\n\n"
+    head = "" if name is None else f"event: {name}\n"
+    return f"{head}data: {text}\n\n"
 
 
-async def guarded_events(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """``events`` then ``[DONE]``; a failure mid-stream becomes an OpenAI error event."""
+def openai_error_frame(error: ApiError) -> str:
+    return sse_event(error.to_body())
+
+
+async def guarded_events(
+    events: AsyncGenerator[str, None], error_frame: ErrorFrame, end: str | None
+) -> AsyncGenerator[str, None]:
+    """``events`` then ``end``; a failure mid-stream becomes ``error_frame`` of it (a 500's,
+    naming an error id, for anything but an ``ApiError``)."""
     try:
         async for event in events:
             yield event
     except ApiError as error:
-        yield sse_event(error.to_body())
+        yield error_frame(error)
     except Exception:
-        yield sse_event(internal_error("internal error in an event stream").to_body())
+        yield error_frame(internal_error("internal error in an event stream"))
     finally:
         await events.aclose()
-    yield DONE_EVENT
+    if end is not None:
+        yield end
 
 
 class EventStreamResponse(StreamingResponse):
@@ -43,10 +54,12 @@ class EventStreamResponse(StreamingResponse):
         events: AsyncGenerator[str, None],
         *,
         on_close: Callable[[], None] | None = None,
-        guard: EventGuard = guarded_events,
+        error_frame: ErrorFrame = openai_error_frame,
+        end: str | None = DONE_EVENT,
     ) -> None:
-        """``guard`` frames the stream's end and a failure mid-stream (OpenAI's by default)."""
-        self._events = guard(events)
+        """``error_frame`` frames a failure mid-stream and ``end`` (if any) ends the stream;
+        OpenAI's chat and completions frames by default."""
+        self._events = guarded_events(events, error_frame, end)
         self._on_close = on_close
         super().__init__(
             self._events,
