@@ -59,7 +59,8 @@ async def stream_all(base_url: str, bodies: Sequence[dict[str, Any]]) -> list[di
 
 class FaultyGrammar:
     """A grammar that, on the third token it is fed, raises or refuses the token its own mask
-    allowed, or raises while the sampler asks for its third mask, as a faulty library would."""
+    allowed, or raises whenever the sampler asks for its mask from the third on, as a faulty
+    library would; one fault each."""
 
     def __init__(self, inner: GrammarMatcher, fault: str) -> None:
         self.inner = inner
@@ -72,15 +73,15 @@ class FaultyGrammar:
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self.num_masks += 1
-        if self.fault == "mask raises" and self.num_masks == 3:
+        if self.fault == "mask raises" and self.num_masks >= 3:
             raise RuntimeError("injected grammar mask fault")
         self.inner.fill_bitmask(bitmask, row)
 
     def accept_token(self, token_id: int) -> bool:
         self.num_fed += 1
-        if self.num_fed == 3:
-            if self.fault == "raises":
-                raise RuntimeError("injected grammar fault")
+        if self.num_fed == 3 and self.fault == "raises":
+            raise RuntimeError("injected grammar fault")
+        if self.num_fed == 3 and self.fault == "refuses":
             return False
         return self.inner.accept_token(token_id)
 

@@ -24,7 +24,12 @@ from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.logprobs import compute_logprob_tensors
 from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.sampling.sampler import sample
-from metrale_server.sampling.tensors import SamplingRow, has_penalty, prepare_sampling_batch
+from metrale_server.sampling.tensors import (
+    SamplingBatch,
+    SamplingRow,
+    has_penalty,
+    prepare_sampling_batch,
+)
 from metrale_server.speculative import target_probs, verify_greedy, verify_sampled
 from metrale_server.speculative.grammar_mask import mask_by_grammar
 
@@ -279,30 +284,44 @@ class ModelRunner:
         return self._sample_isolated(logits, samplers) + drafted
 
     def _sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
-        """``_sample`` of the whole batch; when it raises, of each row alone (seeded rows from
-        their generators' states before the failed try), so a fault in one row's sampling (its
-        grammar mask, its logit processing) fails that sequence only."""
-        states = [
-            (seq.generator, seq.generator.get_state()) for seq in seqs if seq.generator is not None
-        ]
+        """One token per row. A fault in preparing one row (its grammar mask, its penalties,
+        its logit processing) fails that sequence only: when the batch's preparation raises,
+        each row is prepared alone to find the faulty ones, and the others are sampled
+        together. Preparation draws nothing random, so the rows kept sample as they would
+        have."""
         try:
-            return self._sample(logits, seqs)
+            batch = self._prepare(seqs, logits)
         except Exception:
-            logger.exception("sampling %d rows failed; sampling each row alone", len(seqs))
-        for generator, state in states:
-            generator.set_state(state)
-        return [
+            logger.exception(
+                "preparing %d rows to sample failed; finding the faulty ones", len(seqs)
+            )
+        else:
+            return self._sample(logits, seqs, batch)
+        faulty = [
             token
             for row, seq in enumerate(seqs)
-            for token in _isolated(
-                seq,
-                partial(self._sample, logits[row : row + 1], [seq]),
-            )
+            for token in _isolated(seq, partial(self._try_prepare, seq, logits[row : row + 1]))
         ]
+        failed = {token.seq.seq_id for token in faulty}
+        kept = [row for row, seq in enumerate(seqs) if seq.seq_id not in failed]
+        if not kept:
+            return faulty
+        kept_logits = logits[torch.tensor(kept, device=logits.device)]
+        kept_seqs = [seqs[row] for row in kept]
+        return self._sample(kept_logits, kept_seqs, self._prepare(kept_seqs, kept_logits)) + faulty
 
-    def _sample(self, logits: torch.Tensor, samplers: list[Sequence]) -> list[SampledToken]:
-        rows = [self._sampling_row(seq) for seq in samplers]
-        batch = prepare_sampling_batch(rows, logits.shape[1], logits.device)
+    def _prepare(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplingBatch:
+        rows = [self._sampling_row(seq) for seq in seqs]
+        return prepare_sampling_batch(rows, logits.shape[1], logits.device)
+
+    def _try_prepare(self, seq: Sequence, logits: torch.Tensor) -> list[SampledToken]:
+        """Nothing when ``seq``'s row prepares; its preparation raises otherwise."""
+        self._prepare([seq], logits)
+        return []
+
+    def _sample(
+        self, logits: torch.Tensor, samplers: list[Sequence], batch: SamplingBatch
+    ) -> list[SampledToken]:
         sampled = sample(logits, batch, generator=self._generator)
         return [
             SampledToken(
@@ -375,7 +394,7 @@ class ModelRunner:
 
 
 def _isolated(seq: Sequence, sample_seq: Callable[[], list[SampledToken]]) -> list[SampledToken]:
-    """``sample_seq()``, or one ``fault`` token for ``seq`` when it raises."""
+    """``sample_seq()``, or one ``fault`` token for ``seq`` when it raises (logged)."""
     try:
         return sample_seq()
     except Exception as error:
