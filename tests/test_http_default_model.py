@@ -75,6 +75,7 @@ def test_boot_log_lines(server: ServerProcess) -> None:
     default = resolve_quantization("auto", torch.device("cpu"), torch.float32, config)
     for fact in (
         "model: ",
+        "task: generate",
         *WEIGHT_LINES[default],
         f"CPU: {cpu_features().describe()}",
         "device: cpu",

@@ -19,6 +19,7 @@ from metrale_model_arch.families.row_invariant_layers import make_float_linears_
 from metrale_model_arch.loading import is_progress_enabled, load_progress
 from metrale_model_arch.loading.safetensors_loader import (
     checkpoint_tensor_names,
+    is_base_model_checkpoint,
     load_safetensors_model,
 )
 
@@ -154,6 +155,51 @@ def test_untied_model_needs_its_head(tmp_path: Path, tiny_config: ModelConfig) -
     save_file(tied_weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"1 missing tensor\(s\): lm_head.weight"):
         load(tmp_path, tiny_config)
+
+
+def base_model_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights`` as transformers' ``AutoModel`` saves them: no ``model.`` prefix, no head."""
+    return {
+        name.removeprefix("model."): tensor
+        for name, tensor in weights.items()
+        if name != "lm_head.weight"
+    }
+
+
+def test_a_base_model_checkpoint_is_told_by_its_names() -> None:
+    file = Path("model.safetensors")
+    assert is_base_model_checkpoint({file: ["embed_tokens.weight", "norm.weight"]})
+    assert not is_base_model_checkpoint({file: ["model.embed_tokens.weight", "lm_head.weight"]})
+    assert not is_base_model_checkpoint({file: ["norm.weight", "layers.0.mlp.up_proj.weight"]})
+    assert not is_base_model_checkpoint({file: ["embed_tokens.weight", "model.norm.weight"]})
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_base_model_checkpoint_with_tied_head_loads(
+    tmp_path: Path, tiny_config: ModelConfig, num_shards: int
+) -> None:
+    tied = attrs.evolve(tiny_config, tie_word_embeddings=True)
+    weights = reference_weights(tied)
+    stored = base_model_weights(weights)
+    assert "embed_tokens.weight" in stored
+    if num_shards == 1:
+        save_file(stored, str(tmp_path / "model.safetensors"))
+    else:
+        write_sharded(tmp_path, stored, num_shards)
+    model = load(tmp_path, tied)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert_loaded(model, weights)
+
+
+def test_base_model_checkpoint_without_a_tied_head_is_refused_clearly(
+    tmp_path: Path, tiny_config: ModelConfig
+) -> None:
+    save_file(
+        base_model_weights(reference_weights(tiny_config)), str(tmp_path / "model.safetensors")
+    )
+    with pytest.raises(CheckpointError, match=r"base model alone, without lm_head\.weight") as info:
+        load(tmp_path, tiny_config)
+    assert "tie_word_embeddings false" in str(info.value)
 
 
 def test_unexpected_tensor_is_named(tmp_path: Path, tiny_config: ModelConfig) -> None:

@@ -13,7 +13,7 @@ from metrale_model_arch.kv_cache import (
     allocate_state_slots,
     kv_cache_bytes_per_token,
 )
-from metrale_model_arch.load import LoadedModel, load_model, read_model_config
+from metrale_model_arch.load import LoadedModel, headless_config, load_model, read_model_config
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model, read_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
@@ -59,6 +59,7 @@ __all__ = [
     "build_model",
     "cache_specs",
     "family_for",
+    "headless_config",
     "kv_cache_bytes_per_token",
     "load_gguf_model",
     "load_model",

@@ -80,11 +80,20 @@ class LoadedModel:
         )
 
 
-def read_model_config(source: ModelSource) -> ModelConfig:
-    """The config of ``source`` alone (config.json or the GGUF header); no weights are read."""
+def read_model_config(source: ModelSource, *, without_head: bool = False) -> ModelConfig:
+    """The config of ``source`` alone (config.json or the GGUF header); no weights are read.
+    ``without_head``: as :func:`load_model` builds it without its own head."""
     if source.kind == "gguf":
         return ModelConfig.from_gguf_header(read_gguf_header(source.path))
-    return ModelConfig.from_hf_config(source.path)
+    config = ModelConfig.from_hf_config(source.path)
+    return headless_config(config) if without_head else config
+
+
+def headless_config(config: ModelConfig) -> ModelConfig:
+    """``config`` for a model whose logits are never computed (an embedding model): its head
+    is the embeddings' matrix (tied), so no head of its own is planned, allocated or loaded,
+    and a checkpoint saved without one (a base model) loads."""
+    return attrs.evolve(config, tie_word_embeddings=True)
 
 
 def load_model(
@@ -99,6 +108,7 @@ def load_model(
     quantization: Quantization | str = Quantization.NONE,
     kernel_backend: str = "auto",
     shard: TensorShard | None = None,
+    without_head: bool = False,
 ) -> LoadedModel:
     """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
 
@@ -111,6 +121,8 @@ def load_model(
     and norms'.
     ``kernel_backend`` (``auto``, ``torch``, ``cupy``) runs the model's ops.
     ``shard``: load only this rank's part (:mod:`~metrale_model_arch.parallel`).
+    ``without_head``: a model that only ever gives hidden states (an embedding model) has no
+    head of its own (:func:`headless_config`; a GGUF keeps its head).
     """
     quantization = Quantization(quantization)
     source = resolve_model(name)
@@ -134,7 +146,7 @@ def load_model(
             header.fields, special_tokens=tokenizer.special_tokens_map
         )
     else:
-        config = ModelConfig.from_hf_config(source.path)
+        config = read_model_config(source, without_head=without_head)
         model = load_safetensors_model(
             source.path,
             config,

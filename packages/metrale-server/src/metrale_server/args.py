@@ -15,6 +15,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
 # ``metrale_kernels.BACKEND_NAMES``, named here for the same reason.
 KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
+# What the served model does: ``auto`` detects it from the model's files
+# (:func:`metrale_server.pooling.model_task.resolve_model_task`).
+TASK_CHOICES = ("auto", "generate", "embed", "score")
 
 
 @attrs.frozen(kw_only=True)
@@ -41,6 +44,9 @@ class EngineArgs:
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
     kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++
     compiler, else ``torch``).
+    ``task``: ``generate`` (completions, chat), ``embed`` (``/v1/embeddings``), ``score``
+    (``/v1/score``, ``/v1/rerank``: a causal-LM reranker's yes/no logits) or ``auto`` (an
+    embedding model by its sentence-transformers files, else ``generate``).
     """
 
     model: str | None = None
@@ -62,8 +68,11 @@ class EngineArgs:
     seed: int = 0
     speculative_config: SpeculativeConfig | None = None
     tensor_parallel_size: int = 1
+    task: str = "auto"
 
     def __attrs_post_init__(self) -> None:
+        if self.task not in TASK_CHOICES:
+            raise ValueError(f"task must be one of {', '.join(TASK_CHOICES)}, got {self.task!r}")
         if self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "

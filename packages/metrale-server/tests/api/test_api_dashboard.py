@@ -20,6 +20,7 @@ def test_server_info_reports_the_engine_shape(server: Any) -> None:
     body = server.client.get("/v1/server").json()
     engine = server.engine
     assert body["model"] == "tiny-llama"
+    assert body["task"] == "generate"
     assert body["dtype"] == "float32"
     assert body["quantization"] == str(engine.loaded.quantization)
     # The suite sets METRALE_ENFORCE_EAGER: no torch.compile; int8 runs the native segments.

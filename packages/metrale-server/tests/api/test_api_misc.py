@@ -90,7 +90,6 @@ def test_tokenize_detokenize_round_trip(server: Any) -> None:
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("POST", "/v1/embeddings"),
         ("POST", "/v1/moderations"),
         ("GET", "/v1/files"),
         ("POST", "/v1/files"),

@@ -156,7 +156,7 @@ def test_streamed_structured_output_equals_whole(server: RunningServer) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"use_beam_search": True}, "use_beam_search"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, None),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
@@ -187,13 +187,13 @@ def test_bad_constraints_are_400s_naming_the_field(
 
 
 def test_completions_refuse_unknown_fields(server: RunningServer) -> None:
-    error = refusal(server, "/v1/completions", prompt_logprobs=2)
-    assert error["param"] == "prompt_logprobs"
+    error = refusal(server, "/v1/completions", truncate_prompt_tokens=2)
+    assert error["param"] == "truncate_prompt_tokens"
     assert "not supported" in error["message"]
     # null is "not set", and ``user`` is informational.
     response = server.client.post(
         "/v1/completions",
-        json={"prompt": "Hi", "max_tokens": 2, "prompt_logprobs": None, "user": "u-1"},
+        json={"prompt": "Hi", "max_tokens": 2, "truncate_prompt_tokens": None, "user": "u-1"},
     )
     assert response.status_code == 200, response.text
 

@@ -195,6 +195,18 @@ def test_a_tiny_model_dir_plan_equals_the_plan_functions(
     )
 
 
+def test_an_embedding_task_plans_no_head(runner: CliRunner, tiny_model_dir: Path) -> None:
+    """``--task embed`` plans the model without its head (the tiny model's is untied)."""
+    flags = ("--max-seq-len", "128", "--max-batch-size", "3", "--quantization", "none")
+    generate = memory_json(runner, str(tiny_model_dir), *flags)["by_owner"]
+    embed = memory_json(runner, str(tiny_model_dir), *flags, "--task", "embed")["by_owner"]
+    head = "weights.lm_head"
+    assert generate[head] == 49152 * 64 * 4  # vocabulary x hidden, float32
+    assert embed.get(head, 0) == 0
+    others = {owner: size for owner, size in generate.items() if owner != head}
+    assert {owner: size for owner, size in embed.items() if owner != head} == others
+
+
 def test_a_draft_model_is_planned_from_the_flag(runner: CliRunner, tiny_model_dir: Path) -> None:
     """``--speculative-config`` shapes ``met memory``'s plan as it does the serve's: the draft's
     weights and one draft block per KV block (here the tiny model drafts for itself)."""

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from metrale_server.cli.main import main
+from metrale_server.cli.serve_args import ServeArgs
 
 SERVE_FLAGS = (
     "--host",
@@ -45,6 +46,7 @@ SERVE_FLAGS = (
     "--request-timeout",
     "--drain-timeout",
     "--seed",
+    "--task",
     "--chat-template",
     "--no-tui",
     "--log-level",
@@ -118,6 +120,7 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--seed", "abc"], "--seed"),
         (["--seed", "-3"], "--seed"),
         (["--log-level", "loud"], "--log-level"),
+        (["--task", "classify"], "--task"),
         (["--api-key", ""], "--api-key"),
         (["--api-key", "  "], "--api-key"),
         (["--served-model-name", ""], "--served-model-name"),
@@ -144,6 +147,23 @@ def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str)
     result = runner.invoke(main, ["serve", *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+@pytest.mark.parametrize(("flags", "task"), [([], "auto"), (["--task", "embed"], "embed")])
+def test_task_reaches_the_engine(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, flags: list[str], task: str
+) -> None:
+    served: list[ServeArgs] = []
+
+    def fake_run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
+        served.append(args)
+        return 0
+
+    monkeypatch.delenv("METRALE_DEFAULT_MODEL", raising=False)
+    monkeypatch.setattr("metrale_server.cli.serve_runtime.run_serve", fake_run_serve)
+    result = runner.invoke(main, ["serve", "--no-tui", *flags])
+    assert result.exit_code == 0, result.output
+    assert [args.engine_args.task for args in served] == [task]
 
 
 def test_a_tls_key_without_its_certificate_is_refused(runner: CliRunner, tmp_path: Path) -> None:

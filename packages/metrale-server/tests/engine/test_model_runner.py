@@ -43,7 +43,7 @@ def test_step_inputs_match_a_rebuild_from_the_block_tables(
 
     def checked(step: SchedulerStep) -> Any:
         nonlocal num_checked
-        input_ids, positions, metadata, logits_indices = original(step)
+        input_ids, positions, metadata, logits_indices, reads = original(step)
         expected = reference_metadata(step, 4)
         rows = zip(step.chunks, metadata.block_tables, expected.block_tables, strict=True)
         for chunk, table, row in rows:
@@ -57,7 +57,7 @@ def test_step_inputs_match_a_rebuild_from_the_block_tables(
         assert torch.equal(metadata.state_slots, expected.state_slots)  # type: ignore[arg-type]
         assert (metadata.query_lens, metadata.seq_lens) == (expected.query_lens, expected.seq_lens)
         num_checked += 1
-        return input_ids, positions, metadata, logits_indices
+        return input_ids, positions, metadata, logits_indices, reads
 
     runner.prepare_inputs = checked  # type: ignore[method-assign]
     shared = list(range(300, 313))

@@ -279,10 +279,14 @@ class LlamaForCausalLM(CausalLM):
         return head_logits(self.lm_head, hidden, out)
 
 
+_CAUSAL_LM_PREFIXES = ("model.", "lm_head.")
+
+
 def llama_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
     """Checkpoint names -> parameters: ``q/k/v_proj`` into row ranges of ``qkv_proj``,
     ``gate/up_proj`` into the halves of ``gate_up_proj`` (weights and biases); every other
-    tensor to the parameter of its own name."""
+    tensor to the parameter of its own name. A base model's names (``AutoModel``'s save of an
+    embedding model: ``layers.0...``, no ``model.`` prefix) are read as the causal LM's."""
     q_size, kv_size = qkv_sizes(config)
     qkv_rows = {
         "q": slice(0, q_size),
@@ -291,6 +295,8 @@ def llama_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
     }
 
     def target(name: str, shape: tuple[int, ...]) -> TensorTarget:
+        if not name.startswith(_CAUSAL_LM_PREFIXES):
+            name = "model." + name
         if match := _QKV.fullmatch(name):
             fused = f"{match['prefix']}.qkv_proj.{match['kind']}"
             return TensorTarget(fused, (qkv_rows[match["part"]],))

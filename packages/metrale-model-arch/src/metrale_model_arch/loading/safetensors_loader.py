@@ -24,6 +24,9 @@ from metrale_model_arch.weight_format import Quantization
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+MODEL_PREFIX = "model."
+BASE_MODEL_MARKER = "embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
 
 
 def checkpoint_tensor_names(model_dir: str | Path) -> dict[Path, list[str]]:
@@ -52,6 +55,16 @@ def checkpoint_tensor_names(model_dir: str | Path) -> dict[Path, list[str]]:
     if lacking:
         raise CheckpointError(f"{index_path} lists tensors its shards lack: {', '.join(lacking)}")
     return names
+
+
+def is_base_model_checkpoint(names: dict[Path, list[str]]) -> bool:
+    """Whether the checkpoint holds a base model alone, as transformers' ``AutoModel`` saves
+    it (Qwen3-Embedding: ``embed_tokens.weight``, ``layers.0...``, no ``model.`` prefix); the
+    family's checkpoint mapping names its tensors as the causal LM's."""
+    all_names = [name for file_names in names.values() for name in file_names]
+    return BASE_MODEL_MARKER in all_names and not any(
+        name.startswith(MODEL_PREFIX) for name in all_names
+    )
 
 
 def iter_safetensors(
@@ -88,12 +101,22 @@ def load_safetensors_model(
     kernel_backend: str = "auto",
     shard: TensorShard | None = None,
 ) -> CausalLM:
-    """Build ``config``'s model from the safetensors checkpoint in ``model_dir``."""
+    """Build ``config``'s model from the safetensors checkpoint in ``model_dir``: a causal
+    LM's, or its base model's alone (:func:`is_base_model_checkpoint`) when the head is tied."""
     if config.quantization_method is not None:
         raise CheckpointError(
             f"{model_dir}: {config.quantization_method!r}-quantized safetensors are not supported"
         )
     names = checkpoint_tensor_names(model_dir)
+    has_head = any(LM_HEAD in file_names for file_names in names.values())
+    if is_base_model_checkpoint(names) and not has_head and not config.tie_word_embeddings:
+        raise CheckpointError(
+            f"{model_dir}: the checkpoint holds the base model alone, without {LM_HEAD} (as "
+            "transformers' AutoModel saves an embedding model), and config.json sets "
+            "tie_word_embeddings false: the model has no head to load. An embedding model "
+            "needs none: load it without one (load_model(without_head=True), as "
+            "`met serve --task embed` does)"
+        )
     total = sum(len(file_names) for file_names in names.values())
     is_split = shard is not None and shard.world_size > 1
     slice_of = CheckpointSharder(config, shard).slice_of if is_split and shard else None

@@ -18,6 +18,7 @@ from metrale_server.api.auth import AuthMiddleware
 from metrale_server.api.body_limit import BodyLimitMiddleware
 from metrale_server.api.chat import create_chat_completion
 from metrale_server.api.completions import create_completion
+from metrale_server.api.embeddings import create_embedding
 from metrale_server.api.errors import (
     ApiError,
     InternalErrorMiddleware,
@@ -27,17 +28,24 @@ from metrale_server.api.errors import (
 from metrale_server.api.memory_route import get_memory
 from metrale_server.api.recent_requests import list_recent_requests
 from metrale_server.api.request_guard import RequestGuardMiddleware
+from metrale_server.api.score import create_rerank, create_score
 from metrale_server.api.server_info import server_info
 from metrale_server.api.state import ServerState
+from metrale_server.api.task_check import for_task
+from metrale_server.pooling.model_task import TaskName
 
 ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# vLLM serves the rerank route at each of these paths.
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(state: ServerState) -> Starlette:
     """The OpenAI-compatible API (``/v1/responses`` included) and Anthropic's Messages API
-    (``/v1/messages``) over ``state``; routes, middleware and error shapes.
+    (``/v1/messages``) over ``state``; routes, middleware and error shapes. The generation
+    routes answer for a ``generate`` task only, ``/v1/embeddings`` for ``embed``, and
+    ``/v1/score`` and the rerank routes for ``score``.
 
     Middleware, outermost first: CORS for ``state.allowed_origins`` (none by default: a page
     on another origin cannot read a response), internal errors become 500s, the Host and
@@ -47,16 +55,25 @@ def create_app(state: ServerState) -> Starlette:
     def bound(endpoint: Callable[..., Awaitable[Response]]) -> Endpoint:
         return partial(endpoint, state=state)
 
+    def task_route(
+        path: str, task: TaskName, endpoint: Callable[..., Awaitable[Response]]
+    ) -> Route:
+        """A POST route answered only when the server's ``--task`` is ``task``."""
+        return Route(path, for_task(task, state, bound(endpoint)), methods=["POST"])
+
     routes = [
-        Route("/v1/completions", bound(create_completion), methods=["POST"]),
-        Route("/v1/chat/completions", bound(create_chat_completion), methods=["POST"]),
-        Route("/v1/messages", bound(anthropic_messages.create_message), methods=["POST"]),
+        task_route("/v1/completions", "generate", create_completion),
+        task_route("/v1/chat/completions", "generate", create_chat_completion),
+        task_route("/v1/messages", "generate", anthropic_messages.create_message),
         Route(
             "/v1/messages/count_tokens",
             bound(anthropic_messages.count_tokens),
             methods=["POST"],
         ),
-        Route("/v1/responses", bound(responses_route.create_response), methods=["POST"]),
+        task_route("/v1/responses", "generate", responses_route.create_response),
+        task_route("/v1/embeddings", "embed", create_embedding),
+        task_route("/v1/score", "score", create_score),
+        *(task_route(path, "score", create_rerank) for path in RERANK_PATHS),
         Route(
             "/v1/responses/{response_id}",
             bound(responses_route.get_response),

@@ -18,7 +18,7 @@ from metrale_server.api.generation import (
     merge_outputs,
     start_generations,
 )
-from metrale_server.api.logprobs import chat_logprobs
+from metrale_server.api.logprobs import chat_logprobs, prompt_logprobs_body
 from metrale_server.api.protocol import ChatRequest, parse_chat_request
 from metrale_server.api.responses import (
     ChoiceProgress,
@@ -83,7 +83,10 @@ def chat_body(
                 "stop_reason": output.stop_reason,
             }
         )
-    return header.body(choices, usage=usage_body([request.prompt], [final]))
+    extra = {}
+    if request.prompt.params.prompt_logprobs is not None and final.prompt_logprobs is not None:
+        extra["prompt_logprobs"] = prompt_logprobs_body(final.prompt_logprobs, state.token_texts)
+    return header.body(choices, usage=usage_body([request.prompt], [final]), **extra)
 
 
 def choice_reader(state: ServerState, request: ChatRequest) -> ChoiceReader:

@@ -17,7 +17,12 @@ from metrale_server.api.generation import (
     merge_outputs,
     start_generations,
 )
-from metrale_server.api.logprobs import completion_logprobs
+from metrale_server.api.logprobs import (
+    completion_logprobs,
+    echo_logprobs,
+    joined_logprobs,
+    prompt_logprobs_body,
+)
 from metrale_server.api.protocol import CompletionRequest, Prompt, parse_completion_request
 from metrale_server.api.responses import (
     ChoiceProgress,
@@ -70,22 +75,46 @@ def completion_body(
     for index, (prompt, final) in enumerate(zip(request.prompts, finals, strict=True)):
         raise_if_failed(final)
         prefix = echo_text(state, prompt) if request.is_echo else ""
+        echoed = _echoed_logprobs(state, request, prompt, final)
         for output in final.outputs:
             logprobs = None
             if request.num_logprobs is not None:
                 logprobs = completion_logprobs(
                     output.logprobs or (), state.token_texts, text_offset=len(prefix)
                 )
-            choices.append(
-                {
-                    "index": index * request.n + output.index,
-                    "text": prefix + output.text,
-                    "logprobs": logprobs,
-                    "finish_reason": output.finish_reason,
-                    "stop_reason": output.stop_reason,
-                }
-            )
+                if echoed is not None:
+                    logprobs = joined_logprobs(echoed, logprobs)
+            choice = {
+                "index": index * request.n + output.index,
+                "text": prefix + output.text,
+                "logprobs": logprobs,
+                "finish_reason": output.finish_reason,
+                "stop_reason": output.stop_reason,
+            }
+            choices.append(_with_prompt_logprobs(state, request, choice, final))
     return header.body(choices, usage=usage_body(request.prompts, finals))
+
+
+def _echoed_logprobs(
+    state: ServerState, request: CompletionRequest, prompt: Prompt, output: RequestOutput
+) -> dict[str, Any] | None:
+    """The echoed prompt's logprobs, when echo and logprobs were both asked for."""
+    if not request.is_echo or request.num_logprobs is None:
+        return None
+    assert output.prompt_logprobs is not None  # asked for with the request
+    return echo_logprobs(prompt.token_ids, output.prompt_logprobs, state.token_texts)
+
+
+def _with_prompt_logprobs(
+    state: ServerState, request: CompletionRequest, choice: dict[str, Any], output: RequestOutput
+) -> dict[str, Any]:
+    """The choice with vLLM's ``prompt_logprobs`` when the request asked for them."""
+    if request.num_prompt_logprobs is None or output.prompt_logprobs is None:
+        return choice
+    return {
+        **choice,
+        "prompt_logprobs": prompt_logprobs_body(output.prompt_logprobs, state.token_texts),
+    }
 
 
 async def completion_events(
@@ -97,12 +126,15 @@ async def completion_events(
     """One chunk per choice whenever it has new text, logprobs or its finish reason."""
     extra = {"usage": None} if request.stream.include_usage else {}
     progress = [ChoiceProgress() for _ in range(len(request.prompts) * request.n)]
-    if request.is_echo:
+    # With logprobs the echo waits for the prompt's logprobs (the prefill computes them).
+    echo_at_once = request.is_echo and request.num_logprobs is None
+    if echo_at_once:
         for index, prompt in enumerate(request.prompts):
             prefix = echo_text(state, prompt)
             for choice in range(index * request.n, (index + 1) * request.n):
                 progress[choice].text_offset = len(prefix)
                 yield sse_event(header.body([_choice(choice, prefix, None, None)], **extra))
+    prompt_sent: set[int] = set()  # the prompts whose logprobs chunk was sent
     finals: list[RequestOutput] = []
     merged = merge_outputs(generations)
     try:
@@ -110,6 +142,19 @@ async def completion_events(
             raise_if_failed(output)
             if output.finished:
                 finals.append(output)
+            if index not in prompt_sent and output.prompt_logprobs is not None:
+                prompt_sent.add(index)  # one chunk per choice, before its first tokens
+                prompt = request.prompts[index]
+                prefix = "" if echo_at_once or not request.is_echo else echo_text(state, prompt)
+                echoed = _echoed_logprobs(state, request, prompt, output)
+                for choice in range(index * request.n, (index + 1) * request.n):
+                    progress[choice].text_offset = (
+                        len(echo_text(state, prompt)) if request.is_echo else 0
+                    )
+                    first = _choice(choice, prefix, echoed, None)
+                    yield sse_event(
+                        header.body([_with_prompt_logprobs(state, request, first, output)], **extra)
+                    )
             for completion in output.outputs:
                 choice = index * request.n + completion.index
                 sent = progress[choice]

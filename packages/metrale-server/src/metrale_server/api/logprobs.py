@@ -87,6 +87,51 @@ def completion_logprobs(
     }
 
 
+def echo_logprobs(
+    prompt_token_ids: Sequence[int],
+    prompt_logprobs: Sequence[TokenLogprob | None],
+    texts: TokenTexts,
+) -> dict[str, Any]:
+    """The echoed prompt's part of the legacy shape, from offset 0: its first token has no
+    logprob (``null``, as OpenAI reports it), each later one its prompt logprob."""
+    first = texts.text(prompt_token_ids[0])
+    rest = completion_logprobs(
+        [entry for entry in prompt_logprobs[1:] if entry is not None], texts, text_offset=len(first)
+    )
+    return {
+        "tokens": [first, *rest["tokens"]],
+        "token_logprobs": [None, *rest["token_logprobs"]],
+        "top_logprobs": [None, *rest["top_logprobs"]],
+        "text_offset": [0, *rest["text_offset"]],
+    }
+
+
+def joined_logprobs(head: dict[str, Any], tail: dict[str, Any]) -> dict[str, Any]:
+    """Two consecutive parts of the legacy shape as one."""
+    return {key: [*head[key], *tail[key]] for key in head}
+
+
+def prompt_logprobs_body(
+    entries: Sequence[TokenLogprob | None], texts: TokenTexts
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token, ``null`` for the first, else by token id
+    the chosen token and the alternatives, each ``{logprob, rank, decoded_token}``."""
+    body: list[dict[str, dict[str, Any]] | None] = []
+    for entry in entries:
+        if entry is None:
+            body.append(None)
+            continue
+        ranked = {str(entry.token_id): _ranked(entry.token_id, entry.logprob, entry.rank, texts)}
+        for rank, (token_id, logprob) in enumerate(entry.top, start=1):
+            ranked.setdefault(str(token_id), _ranked(token_id, logprob, rank, texts))
+        body.append(ranked)
+    return body
+
+
+def _ranked(token_id: int, logprob: float, rank: int | None, texts: TokenTexts) -> dict[str, Any]:
+    return {"logprob": finite_logprob(logprob), "rank": rank, "decoded_token": texts.text(token_id)}
+
+
 def chat_logprobs(entries: Sequence[TokenLogprob], texts: TokenTexts) -> dict[str, Any]:
     """``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}``."""
     return {

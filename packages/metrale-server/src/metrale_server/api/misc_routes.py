@@ -17,7 +17,7 @@ from metrale_server.api.tool_fields import read_tool_request
 
 # /tokenize counts texts longer than one context (to chunk them), up to this many contexts.
 TOKENIZE_CONTEXTS = 16
-NOT_IMPLEMENTED_PREFIXES = ("embeddings", "moderations", "files", "batches", "audio", "images")
+NOT_IMPLEMENTED_PREFIXES = ("moderations", "files", "batches", "audio", "images")
 
 
 def _tokenize(raw: bytes, state: ServerState) -> tuple[Fields, list[int]]:

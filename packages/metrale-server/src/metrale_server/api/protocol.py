@@ -54,6 +54,8 @@ class CompletionRequest:
     is_echo: bool
     num_logprobs: int | None
     structured: StructuredRequest | None
+    # Asked for with vLLM's ``prompt_logprobs`` field (echo with logprobs computes them too).
+    num_prompt_logprobs: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -88,10 +90,6 @@ def parse_completion_request(
         fields.fail("suffix", "is not supported")
     num_logprobs = read_logprobs_count(fields, "logprobs")
     is_echo = fields.read_bool("echo", False)
-    if is_echo and num_logprobs is not None:
-        fields.fail(
-            "echo", "echo with logprobs is not supported (prompt logprobs are not computed)"
-        )
     stream = _stream_options(fields)
     structured = read_structured_outputs(fields)
     sampling = parse_sampling(
@@ -101,6 +99,14 @@ def parse_completion_request(
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         logprobs=num_logprobs,
     )
+    num_prompt_logprobs = sampling.params.prompt_logprobs
+    if is_echo and num_logprobs is not None:
+        # The echoed prompt's logprobs are prompt logprobs, with as many alternatives.
+        asked = sampling.params.prompt_logprobs
+        sampling = attrs.evolve(
+            sampling,
+            params=attrs.evolve(sampling.params, prompt_logprobs=max(asked or 0, num_logprobs)),
+        )
     prompts = tuple(
         Prompt(
             text=text,
@@ -120,6 +126,7 @@ def parse_completion_request(
         is_echo=is_echo,
         num_logprobs=num_logprobs,
         structured=structured,
+        num_prompt_logprobs=num_prompt_logprobs,
     )
 
 
@@ -151,6 +158,8 @@ def parse_chat_request(
         default_max_tokens=None,
         logprobs=num_top_logprobs,
     )
+    if stream.is_streamed and sampling.params.prompt_logprobs is not None:
+        fields.fail("prompt_logprobs", "is only returned by a chat completion that is not streamed")
     text = render_chat_prompt(engine, fields, tools=tools.template_tools)
     accept_inert_fields(fields)
     fields.refuse_unread()

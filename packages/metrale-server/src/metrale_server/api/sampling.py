@@ -104,6 +104,7 @@ def parse_sampling(
             stop_token_ids=_token_ids(fields, "stop_token_ids", vocab_size),
             ignore_eos=fields.read_bool("ignore_eos", False),
             logprobs=logprobs,
+            prompt_logprobs=read_logprobs_count(fields, "prompt_logprobs"),
             skip_special_tokens=fields.read_bool("skip_special_tokens", True),
             include_stop_str_in_output=fields.read_bool("include_stop_str_in_output", False),
         )

@@ -18,6 +18,7 @@ async def server_info(request: Request, *, state: ServerState) -> Response:
     return JSONResponse(
         {
             "model": state.served_model_name,
+            "task": state.task.name,
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": str(loaded.quantization),
             "layer_steps": LayerCompiler.state(engine.core.compiler, loaded.model),

@@ -13,6 +13,7 @@ from metrale_server.api.prepare import RequestPreparer
 from metrale_server.api.responses_store import ResponseStore
 from metrale_server.engine.async_engine import AsyncEngine
 from metrale_server.engine.engine import Engine
+from metrale_server.pooling.model_task import ModelTask
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
@@ -45,6 +46,9 @@ class ServerState:
     when the app is made); ``protect_observability`` puts ``/metrics`` and ``/memory`` behind
     the API key; ``max_queued_requests`` bounds the requests waiting for the running batch
     (``None``: unbounded), past which a generation request gets a 429.
+
+    ``task``: what the model serves (the engine's, ``--task``); a route of another task
+    answers 400 (:mod:`metrale_server.api.task_check`).
     """
 
     async_engine: AsyncEngine
@@ -69,6 +73,9 @@ class ServerState:
             lambda self: TokenTexts(self.engine.loaded.tokenizer), takes_self=True
         ),
         repr=False,
+    )
+    task: ModelTask = attrs.field(
+        default=attrs.Factory(lambda self: self.engine.task, takes_self=True)
     )
     preparer: RequestPreparer = attrs.field(factory=RequestPreparer, repr=False)
     # The Responses API's stored responses (host heap, outside the memory plan).

@@ -17,6 +17,7 @@ from metrale_server.args import (
     DTYPE_NAMES,
     KERNEL_BACKEND_CHOICES,
     QUANTIZATION_CHOICES,
+    TASK_CHOICES,
     EngineArgs,
 )
 from metrale_server.speculative_config import SpeculativeConfig
@@ -61,6 +62,7 @@ class PlanOptions:
     enable_prefix_caching: bool
     enforce_eager: bool
     kernel_backend: str
+    task: str
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -81,6 +83,7 @@ class PlanOptions:
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "enforce_eager": self.enforce_eager,
                 "kernel_backend": self.kernel_backend,
+                "task": self.task,
                 **fields,
             },
         )
@@ -209,6 +212,16 @@ def plan_options(command: F) -> F:
         ),
         click.option(
             "--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto."
+        ),
+        click.option(
+            "--task",
+            type=click.Choice(TASK_CHOICES),
+            default=_DEFAULTS.task,
+            show_default=True,
+            help="What the model serves: generate (completions, chat, messages, responses), "
+            "embed (/v1/embeddings; the model is loaded without its head), score (/v1/score "
+            "and /v1/rerank, from a yes/no reranker such as Qwen3-Reranker); auto: embed for a "
+            "sentence-transformers model (modules.json with a Pooling module), else generate.",
         ),
         click.option(
             "--speculative-config",

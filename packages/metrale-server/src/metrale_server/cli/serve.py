@@ -62,8 +62,9 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     "api_keys",
     multiple=True,
     envvar="METRALE_API_KEY",
-    help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (repeatable; "
-    "/health* stays open, and /metrics and /memory unless protected too). Also "
+    help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and the rerank "
+    "aliases (repeatable; /health* stays open, and /metrics and /memory unless protected "
+    "too). Also "
     "METRALE_API_KEY (whitespace-separated keys), out of sight of ps.",
 )
 @click.option(

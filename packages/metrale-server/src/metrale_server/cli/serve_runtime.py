@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, cast
 import attrs
 from hypercorn.config import Config, Sockets
 
-from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch import load_model
 from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
@@ -52,6 +52,7 @@ from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.memory.host_memory import record_mem_available_at_start
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
+from metrale_server.pooling.model_task import engine_model_config, serves_embeddings
 from metrale_server.structured import GRAMMAR_BACKEND
 from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
@@ -199,7 +200,7 @@ def preflight(args: ServeArgs) -> MemoryPlan:
     engine_args = args.engine_args
     try:
         device = resolve_device(engine_args.device)  # the CLI has checked it already
-        config = read_model_config(resolve_model(engine_args.model))
+        config = engine_model_config(engine_args)
     except (ValueError, OSError) as error:  # ConfigError is a ValueError
         raise ServeError(f"cannot read the model's config: {error}") from error
     try:
@@ -257,15 +258,14 @@ def build_engine(
         return engine
     loaded = load_model(
         engine_args.model,
-        dtype=resolve_dtype(
-            engine_args.dtype, device, read_model_config(resolve_model(engine_args.model))
-        ),
+        dtype=resolve_dtype(engine_args.dtype, device, engine_model_config(engine_args)),
         device=device,
         max_seq_len=plan.inputs.max_seq_len,
         allocator=ledger.allocate,
         on_progress=on_progress,
         quantization=plan.inputs.quantization,
         kernel_backend=engine_args.kernel_backend,
+        without_head=serves_embeddings(engine_args.task, engine_args.model),
     )
     if args.chat_template is not None:
         template = attrs.evolve(
@@ -286,6 +286,7 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         loaded.source.path,
         args.served_model_name,
     )
+    logger.info("task: %s", engine.task.describe())
     logger.info(
         "dtype: %s; weights: %s; kernels: %s",
         str(loaded.dtype).removeprefix("torch."),

@@ -93,9 +93,9 @@ class AsyncEngine:
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        params = self.core.check_request(prompt_ids, params, grammar=grammar)
         if grammar is None:
             grammar = self.core.compile_grammar(params)
+        params = self.core.check_request(prompt_ids, params, grammar=grammar)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:

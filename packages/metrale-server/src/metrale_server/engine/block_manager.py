@@ -111,7 +111,7 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Whether ``allocate(seq)`` would succeed now."""
-        hit_block_ids = self._find_cached_prefix(seq.token_ids)
+        hit_block_ids = self._find_cached_prefix(seq)
         return self._num_missing_blocks(seq, hit_block_ids) <= 0
 
     def allocate(self, seq: Sequence) -> None:
@@ -123,7 +123,7 @@ class BlockManager:
         """
         if seq.block_table:
             raise ValueError(f"{seq!r} already holds blocks; free it before allocating again")
-        hit_block_ids = self._find_cached_prefix(seq.token_ids)
+        hit_block_ids = self._find_cached_prefix(seq)
         num_missing_blocks = self._num_missing_blocks(seq, hit_block_ids)
         if num_missing_blocks > 0:
             raise OutOfBlocksError(f"{seq!r} needs {num_missing_blocks} more free blocks")
@@ -298,9 +298,10 @@ class BlockManager:
         for block_id in seq.block_table[num_keyed_blocks:]:
             _require(self._block_hashes[block_id] is None, f"{seq!r}: keyed blocks are no prefix")
 
-    def _find_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        if not self.enable_prefix_caching:
+    def _find_cached_prefix(self, seq: Sequence) -> list[int]:
+        if not self.enable_prefix_caching or seq.reads_whole_prompt:
             return []
+        token_ids = seq.token_ids
         hit_block_ids: list[int] = []
         parent: BlockHash | None = None
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):

@@ -10,7 +10,7 @@ from collections.abc import Sequence as SequenceOf
 
 import attrs
 
-from metrale_model_arch import LoadedModel, load_model, read_model_config, resolve_model
+from metrale_model_arch import LoadedModel, load_model
 from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, draft_max_seq_len, weight_owner
 from metrale_model_arch.owners import ROPE_TABLE_BUFFER
 from metrale_model_arch.parallel import TensorShard, check_runs_split
@@ -20,16 +20,22 @@ from metrale_server.engine.block_manager import BlockManager
 from metrale_server.engine.distributed.rank_memory import RankMemory
 from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
-from metrale_server.engine.model_runner import ModelRunner, SampledToken
+from metrale_server.engine.model_runner import ModelRunner
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
 from metrale_server.engine.sequence_group import SequenceGroup
 from metrale_server.engine.stats import EngineStats
+from metrale_server.engine.step_result import SampledToken, StepResult
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.output.outputs import TokenLogprob
+from metrale_server.pooling.model_task import (
+    engine_model_config,
+    resolve_model_task,
+    serves_embeddings,
+)
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
 from metrale_server.speculative import DraftModelProposer, check_same_tokenizer, propose_ngram
@@ -103,7 +109,7 @@ class EngineCore:
         self.ledger = ledger if ledger is not None else MemoryLedger()
         if loaded is None:
             device = resolve_device(args.device)
-            config = read_model_config(resolve_model(args.model))
+            config = engine_model_config(args)
             dtype = resolve_dtype(args.dtype, device, config)
             if plan is None:
                 plan = plan_engine_memory(args, config, device=device, dtype=dtype)
@@ -123,6 +129,7 @@ class EngineCore:
                     quantization=plan.inputs.quantization,
                     shard=shard,
                     kernel_backend=args.kernel_backend,
+                    without_head=serves_embeddings(args.task, args.model),
                 )
             except BaseException:
                 self.close()
@@ -137,6 +144,8 @@ class EngineCore:
                 quantization=loaded.quantization,
             )
         self.loaded = loaded
+        # What the model serves: generation, or pooling requests of this kind.
+        self.task = resolve_model_task(args.task, loaded)
         self.block_size = plan.inputs.block_size
         self.args = attrs.evolve(args, block_size=self.block_size)
         self.plan = plan
@@ -254,10 +263,10 @@ class EngineCore:
         if request_id in self._groups:
             raise RequestError(f"request id {request_id!r} is already running")
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        params = self.check_request(prompt_ids, params, grammar=grammar)
-        arrival = time.monotonic() if arrival_time is None else arrival_time
         if grammar is None:
             grammar = self.compile_grammar(params)
+        params = self.check_request(prompt_ids, params, grammar=grammar)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
@@ -296,23 +305,24 @@ class EngineCore:
         vocab_size = self.loaded.config.vocab_size
         if any(not 0 <= t < vocab_size for t in prompt):
             raise RequestError(f"prompt token ids must be in 0..{vocab_size - 1}")
-        room = self.max_seq_len - len(prompt)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}, "
-                "which leaves no room for output"
-            )
-        if params.max_tokens is None:
-            params = attrs.evolve(params, max_tokens=room)
-        assert params.max_tokens is not None
-        if len(prompt) + params.max_tokens > self.max_seq_len:
-            raise RequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_seq_len ({self.max_seq_len})"
-            )
+        if params.pooling is not None:
+            if params.n != 1 or params.structured_outputs is not None:
+                raise RequestError("a pooling request has one output and no structured_outputs")
+            params = attrs.evolve(params, max_tokens=1, logprobs=None, prompt_logprobs=None)
+            if len(prompt) > self.max_seq_len:
+                raise RequestError(
+                    f"the prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}"
+                )
+            num_tokens = len(prompt)  # it reads its prompt and writes nothing after it
+        else:
+            params = self._fit_max_tokens(prompt, params)
+            assert params.max_tokens is not None
+            num_tokens = len(prompt) + params.max_tokens
+        if params.prompt_logprobs is not None and self.runner.world_size > 1:
+            raise RequestError("prompt_logprobs: not supported with tensor_parallel_size > 1 yet")
         if params.n > self.max_batch_size:
             raise RequestError(f"n ({params.n}) exceeds max_batch_size ({self.max_batch_size})")
-        blocks_per_seq = -(-(len(prompt) + params.max_tokens) // self.block_size)
+        blocks_per_seq = -(-num_tokens // self.block_size)
         if params.n * blocks_per_seq > self.num_kv_blocks:
             raise RequestError(
                 f"the request needs up to {params.n * blocks_per_seq} KV blocks but the pool has "
@@ -320,6 +330,23 @@ class EngineCore:
             )
         if grammar is None:
             self.compile_grammar(params)
+        return params
+
+    def _fit_max_tokens(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens`` filled in (the room the prompt leaves) and checked."""
+        room = self.max_seq_len - len(prompt)
+        if room < 1:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}, "
+                "which leaves no room for output"
+            )
+        if params.max_tokens is None:
+            return attrs.evolve(params, max_tokens=room)
+        if len(prompt) + params.max_tokens > self.max_seq_len:
+            raise RequestError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_seq_len ({self.max_seq_len})"
+            )
         return params
 
     def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
@@ -357,10 +384,11 @@ class EngineCore:
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
-        sampled = self.runner.execute(step)
+        result = self.runner.execute(step)
         self.scheduler.finish_step(step)
-        outputs = self._update(sampled)
-        self._count(step, len(sampled))
+        _record_prompt_reads(result)
+        outputs = self._update(result.tokens)
+        self._count(step, sum(token.pooled is None for token in result.tokens))
         return outputs
 
     def _update(self, sampled: list[SampledToken]) -> list[EngineCoreOutput]:
@@ -370,8 +398,11 @@ class EngineCore:
         deltas: dict[str, list[SequenceDelta]] = {}
         failed: dict[str, tuple[str, bool]] = {}
         by_seq: dict[int, list[SampledToken]] = {}
+        pooled: dict[str, tuple[float, ...]] = {}
         for token in sampled:
             by_seq.setdefault(token.seq.seq_id, []).append(token)
+            if token.pooled is not None:
+                pooled[token.seq.request_id] = token.pooled
         for tokens in by_seq.values():
             seq = tokens[0].seq
             if seq.request_id in failed:
@@ -398,6 +429,11 @@ class EngineCore:
         cached = {
             request_id: self._groups[request_id].primary.num_cached_tokens for request_id in deltas
         }
+        prompt_logprobs = {
+            request_id: entries
+            for request_id in deltas
+            if (entries := self._take_prompt_logprobs(self._groups[request_id])) is not None
+        }
         finished = {group.request_id for group in self.scheduler.free_finished()}
         for request_id in finished:
             self._groups.pop(request_id, None)
@@ -407,6 +443,8 @@ class EngineCore:
                 deltas=tuple(request_deltas),
                 finished=request_id in finished,
                 num_cached_tokens=cached[request_id],
+                prompt_logprobs=prompt_logprobs.get(request_id),
+                pooled=pooled.get(request_id),
             )
             for request_id, request_deltas in deltas.items()
         ]
@@ -421,6 +459,20 @@ class EngineCore:
             for request_id, (message, is_request_fault) in failed.items()
         ]
         return outputs
+
+    @staticmethod
+    def _take_prompt_logprobs(group: SequenceGroup) -> tuple[TokenLogprob | None, ...] | None:
+        """The request's prompt logprobs (``None`` for the first token), once: when its prompt
+        is done and they were not sent yet."""
+        primary = group.primary
+        if (
+            group.params.prompt_logprobs is None
+            or group.has_sent_prompt_logprobs
+            or not primary.has_all_prompt_logprobs
+        ):
+            return None
+        group.has_sent_prompt_logprobs = True
+        return (None, *primary.prompt_logprobs)
 
     def _append_all(self, tokens: list[SampledToken]) -> SequenceDelta:
         """Append a sequence's tokens of this step (several when it had drafts) up to the first
@@ -518,6 +570,10 @@ class EngineCore:
         if token.fault is not None:
             raise SamplingFaultError(token.fault)
         seq, token_id = token.seq, token.token_id
+        if token.pooled is not None:
+            seq.status = SequenceStatus.FINISHED
+            seq.pool_state = None
+            return SequenceDelta(index=seq.index, new_token_ids=(), finish_reason="stop")
         params = seq.params
         seq.append_token(token_id)
         finish_reason: str | None = None
@@ -584,6 +640,18 @@ class EngineCore:
         self._stats = attrs.evolve(
             self._stats, num_finished_requests=self._stats.num_finished_requests + num_requests
         )
+
+
+def _record_prompt_reads(result: StepResult) -> None:
+    """Keep what the step read of prompts on their sequences: prompt logprobs (each position
+    once, so a recomputed prompt adds none) and unfinished pooling states."""
+    for read in result.prompt_logprobs:
+        seq = read.seq
+        overlap = len(seq.prompt_logprobs) - read.first_position
+        assert overlap >= 0, "prompt logprobs are computed in position order"
+        seq.prompt_logprobs += read.entries[overlap:]
+    for seq, state in result.pool_states:
+        seq.pool_state = state
 
 
 def _adopt_model(ledger: MemoryLedger, loaded: LoadedModel) -> None:

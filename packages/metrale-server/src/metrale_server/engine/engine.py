@@ -15,6 +15,7 @@ from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import OutputProcessor, RequestOutputKind
+from metrale_server.pooling.model_task import ModelTask
 from metrale_server.sampling.params import SamplingParams
 
 logger = logging.getLogger("metrale.engine")
@@ -57,6 +58,11 @@ class Engine:
     @property
     def loaded(self) -> LoadedModel:
         return self.core.loaded
+
+    @property
+    def task(self) -> ModelTask:
+        """What the model serves (``args.task`` resolved against the model's files)."""
+        return self.core.task
 
     @property
     def args(self) -> EngineArgs:

@@ -8,7 +8,6 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Protocol
 
-import attrs
 import torch
 
 from metrale_kernels import AttentionMetadata
@@ -17,9 +16,19 @@ from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_model_arch.parallel import gather_vocab_logits
 from metrale_server.engine.block_table import PersistentBlockTable
+from metrale_server.engine.prompt_reads import (
+    PromptReads,
+    PromptRows,
+    has_logits_row,
+    logprob_rows,
+    pair_score,
+    pool_rows,
+    read_prompts,
+)
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence
 from metrale_server.engine.step_inputs import StepInputs
+from metrale_server.engine.step_result import SampledToken, StepResult
 from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.logprobs import compute_logprob_tensors
 from metrale_server.sampling.penalty_state import PenaltyState
@@ -36,17 +45,6 @@ from metrale_server.speculative.grammar_mask import mask_by_grammar
 logger = logging.getLogger(__name__)
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class SampledToken:
-    """A token sampled for ``seq``; ``fault`` (and no token) when sampling it raised: that
-    sequence's request fails, the others in the step go on."""
-
-    seq: Sequence
-    token_id: int
-    logprob: TokenLogprob | None = None
-    fault: str | None = None
-
-
 class WorkerChannel(Protocol):
     """Rank 0's side of a tensor-parallel group (:mod:`metrale_server.engine.distributed`)."""
 
@@ -61,9 +59,11 @@ class ModelRunner:
 
     Contract of ``execute``: run the step's chunks through the model (K/V written into the
     pool), sample one token for every sequence in a chunk's ``samplers`` (in step order) and
-    return them; it does not change any sequence. Host work per step is O(tokens in the step
-    + sequences in it): block tables live in a persistent arena tensor, one row per state slot,
-    updated only where a sequence gained (or copied) a block.
+    return them, with what the step read of prompts (prompt logprobs, pooling states and
+    vectors: :mod:`~metrale_server.engine.prompt_reads`); it does not change any sequence.
+    Host work per step is O(tokens in the step + sequences in it): block tables live in a
+    persistent arena tensor, one row per state slot, updated only where a sequence gained (or
+    copied) a block.
     """
 
     def __init__(
@@ -139,19 +139,26 @@ class ModelRunner:
 
     def prepare_inputs(
         self, step: SchedulerStep
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Token ids and positions (views of the arena), the attention metadata, and the flat
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], PromptReads]:
+        """Token ids and positions (views of the arena), the attention metadata, the flat
         index of each sampling chunk's last token (of its last real token and each draft, for a
-        chunk with drafts)."""
+        chunk with drafts; none for an embedding's), and the prompt positions the step reads."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
         rows: list[int] = []
         query_lens: list[int] = []
         seq_lens: list[int] = []
+        read_logprobs: list[PromptRows] = []
+        read_pools: list[PromptRows] = []
         for chunk in step.chunks:
             seq, start = chunk.seq, chunk.start
             end = start + chunk.num_new_tokens
+            flat_start = len(token_ids)
+            if (logprob_read := logprob_rows(chunk, flat_start)) is not None:
+                read_logprobs.append(logprob_read)
+            if (pool_read := pool_rows(chunk, flat_start)) is not None:
+                read_pools.append(pool_read)
             if chunk.num_new_tokens == 1:
                 token_ids.append(seq.token_ids[start])
                 positions.append(start)
@@ -162,7 +169,7 @@ class ModelRunner:
             else:
                 token_ids += seq.token_ids[start:end]
                 positions += range(start, end)
-            if chunk.samplers:
+            if has_logits_row(chunk):
                 first = len(token_ids) - 1 - chunk.num_draft_tokens
                 logits_indices += range(first, len(token_ids))
             rows.append(self.block_tables.sync(seq))
@@ -197,14 +204,16 @@ class ModelRunner:
             block_size=self.block_size,
             state_slots=rows_t,
         )
-        return input_ids, position_ids, metadata, logits_indices
+        reads = PromptReads(logprob_rows=tuple(read_logprobs), pool_rows=tuple(read_pools))
+        return input_ids, position_ids, metadata, logits_indices, reads
 
     @torch.inference_mode()
-    def forward(self, step: SchedulerStep) -> torch.Tensor:
+    def forward(self, step: SchedulerStep) -> tuple[torch.Tensor, StepResult]:
         """One logits row per chunk that samples (in step order; 1 + its drafts for a chunk
-        with drafts), float32. The rows live in the arena's logits buffer when they fit (drafts
-        can outnumber its rows): valid until the next call."""
-        input_ids, positions, metadata, logits_indices = self.prepare_inputs(step)
+        with drafts; none for an embedding's), float32, and what the step read of prompts
+        (no tokens yet). The rows live in the arena's logits buffer when they fit (drafts can
+        outnumber its rows): valid until the next call."""
+        input_ids, positions, metadata, logits_indices, reads = self.prepare_inputs(step)
         inputs = StepInputs(
             input_ids=input_ids,
             positions=positions,
@@ -220,9 +229,17 @@ class ModelRunner:
             block_copies=step.block_copies,
         )
         if self.workers is None:
-            return self.run_step(inputs, metadata)
+            return self._run_and_read(inputs, metadata, reads)
         with self.workers.step(inputs.to_host()):
-            return self.run_step(inputs, metadata)
+            return self._run_and_read(inputs, metadata, reads)
+
+    def _run_and_read(
+        self, inputs: StepInputs, metadata: AttentionMetadata, reads: PromptReads
+    ) -> tuple[torch.Tensor, StepResult]:
+        hidden = self._hidden_states(inputs, metadata)
+        # NOTE: before the sampled rows' logits: the prompt logprobs use the same buffer.
+        read = read_prompts(hidden, reads, self.loaded.model.compute_logits, self._logits)
+        return self._logits_rows(hidden, inputs.logits_indices), read
 
     @torch.inference_mode()
     def run_step(
@@ -230,14 +247,20 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The forward of prepared ``inputs`` (what a tensor-parallel worker runs from rank 0's
         inputs): the whole vocabulary's logits rows, gathered from every rank's part."""
-        self.copy_blocks(inputs.block_copies)
         if metadata is None:
             inputs = inputs.to(self.device)
             metadata = inputs.metadata()
+        return self._logits_rows(self._hidden_states(inputs, metadata), inputs.logits_indices)
+
+    def _hidden_states(self, inputs: StepInputs, metadata: AttentionMetadata) -> torch.Tensor:
+        """The model's final (normed) hidden state of every token in the step."""
+        self.copy_blocks(inputs.block_copies)
         hidden: torch.Tensor = self.loaded.model(
             inputs.input_ids, inputs.positions, self.kv_caches, metadata, self.seq_states
         )
-        logits_indices = inputs.logits_indices
+        return hidden
+
+    def _logits_rows(self, hidden: torch.Tensor, logits_indices: tuple[int, ...]) -> torch.Tensor:
         if not logits_indices:
             return hidden.new_empty((0, self.vocab_size), dtype=torch.float32)
         index = torch.tensor(logits_indices, dtype=torch.int64, device=self.device)
@@ -252,16 +275,22 @@ class ModelRunner:
         return logits.float()
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerStep) -> list[SampledToken]:
-        all_logits = self.forward(step)
+    def execute(self, step: SchedulerStep) -> StepResult:
+        all_logits, result = self.forward(step)
         samplers: list[Sequence] = []
         row_logits: list[int] = []
         speculated: list[tuple[Sequence, int]] = []  # (sequence, its first logits row)
         row = 0
-        for chunk in (c for c in step.chunks if c.samplers):
+        for chunk in filter(has_logits_row, step.chunks):
             if chunk.num_draft_tokens:
                 speculated.append((chunk.seq, row))
                 row += 1 + chunk.num_draft_tokens
+                continue
+            pooling = chunk.seq.params.pooling
+            if pooling is not None and pooling.score_token_ids is not None:
+                score = pair_score(all_logits[row], pooling.score_token_ids)
+                result.tokens.append(SampledToken(seq=chunk.seq, token_id=-1, pooled=(score,)))
+                row += 1
                 continue
             samplers += chunk.samplers
             row_logits += [row] * len(chunk.samplers)
@@ -276,12 +305,14 @@ class ModelRunner:
                 ),
             )
         ]
+        result.tokens.extend(drafted)
         if not samplers:
-            return drafted
+            return result
         logits = all_logits
         if row_logits != list(range(all_logits.shape[0])):
             logits = all_logits[torch.tensor(row_logits, device=all_logits.device)]
-        return self._sample_isolated(logits, samplers) + drafted
+        result.tokens[:0] = self._sample_isolated(logits, samplers)
+        return result
 
     def _sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
         """One token per row. A fault in preparing one row (its grammar mask, its penalties,

@@ -7,6 +7,7 @@ import enum
 import attrs
 import torch
 
+from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.penalty_state import PenaltyState
 from metrale_server.structured import GrammarMatcher
@@ -32,6 +33,9 @@ class Sequence:
     ``grammar`` (structured outputs) has accepted every output token so far.
     ``draft_token_ids`` are speculative tokens proposed for the coming step (not yet part of
     ``token_ids``: the step checks them, and only those kept are appended).
+    ``prompt_logprobs`` holds those of prompt tokens ``1..len(prompt_logprobs)`` computed so far
+    (``SamplingParams.prompt_logprobs``); ``pool_state`` what a pooling request has read of its
+    prompt so far (mean pooling's running sum, cls pooling's first state).
     """
 
     seq_id: int
@@ -52,6 +56,8 @@ class Sequence:
     penalty: PenaltyState | None = None
     grammar: GrammarMatcher | None = None
     draft_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    pool_state: torch.Tensor | None = None
 
     def __attrs_post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -75,6 +81,19 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def reads_whole_prompt(self) -> bool:
+        """Whether every prompt position must run through the model (prompt logprobs, mean or
+        cls pooling): such a sequence takes no prefix-cache hit."""
+        pooling = self.params.pooling
+        return self.params.prompt_logprobs is not None or (
+            pooling is not None and pooling.reads_every_position
+        )
+
+    @property
+    def has_all_prompt_logprobs(self) -> bool:
+        return len(self.prompt_logprobs) >= self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:

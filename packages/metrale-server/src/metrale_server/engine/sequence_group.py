@@ -15,6 +15,7 @@ class SequenceGroup:
     Only ``seqs[0]`` runs the prompt; the others are forked from it (sharing its blocks) when
     the prompt's last chunk is scheduled, so all ``n`` first tokens come from one forward pass.
     After a preemption every unfinished sequence recomputes on its own.
+    ``has_sent_prompt_logprobs`` once the request's output carried them.
     """
 
     request_id: str
@@ -22,6 +23,7 @@ class SequenceGroup:
     params: SamplingParams
     arrival_time: float
     is_forked: bool = False
+    has_sent_prompt_logprobs: bool = False
 
     @property
     def primary(self) -> Sequence:

@@ -16,7 +16,7 @@ import click
 import torch
 
 from metrale_config import ModelConfig
-from metrale_model_arch import Quantization, read_model_config, resolve_model
+from metrale_model_arch import Quantization, headless_config, read_model_config, resolve_model
 from metrale_model_arch.memory import (
     MemoryPlan,
     MemoryPlanError,
@@ -32,6 +32,7 @@ from metrale_server.memory.preflight import (
     plan_engine_memory,
     plan_log_lines,
 )
+from metrale_server.pooling.model_task import serves_embeddings
 
 GIB = 2**30
 
@@ -58,6 +59,8 @@ def run_memory(
 ) -> int:
     """Print the plan (or why it does not fit); returns the exit status: 0 fits, 1 does not."""
     config = read_config(model)
+    if serves_embeddings(engine_args.task, model):
+        config = headless_config(config)
     device = plan_device(engine_args.device, device_memory_gib)
     dtype = resolve_dtype(engine_args.dtype, device, config)
     quantization = engine_quantization(engine_args, config, device=device, dtype=dtype)

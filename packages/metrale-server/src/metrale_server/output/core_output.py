@@ -26,7 +26,9 @@ class SequenceDelta:
 class EngineCoreOutput:
     """A request's news from one step; ``finished`` once every output has finished.
     ``error``: why the request failed; ``is_request_fault`` when its own input caused it (a
-    grammar too complex for the grammar engine), so the message is fit for the client."""
+    grammar too complex for the grammar engine), so the message is fit for the client.
+    ``prompt_logprobs``: sent once, in the step that finished the prompt (``None`` first).
+    ``pooled``: a pooling request's vector, with its finish."""
 
     request_id: str
     deltas: tuple[SequenceDelta, ...]
@@ -34,3 +36,5 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     is_request_fault: bool = False
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    pooled: tuple[float, ...] | None = None

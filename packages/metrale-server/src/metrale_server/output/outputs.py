@@ -7,11 +7,14 @@ import attrs
 
 @attrs.frozen(kw_only=True)
 class TokenLogprob:
-    """One position's chosen token and the most likely alternatives (id, logprob), best first."""
+    """One position's chosen token and the most likely alternatives (id, logprob), best first.
+    ``rank``: the chosen token's place in the whole distribution (1: the most likely), where it
+    was computed (prompt logprobs)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +59,10 @@ class RequestOutput:
 
     ``error`` is set (and ``outputs`` empty) when the request was refused or failed;
     ``is_request_fault`` when its own input caused the failure (the message may be shown).
+    ``prompt_logprobs`` (asked with ``SamplingParams.prompt_logprobs``): one entry per prompt
+    token, ``None`` for the first (nothing precedes it); set from the output that follows the
+    prefill on. ``pooled``: a pooling request's vector (``SamplingParams.pooling``), in its
+    finished output.
     """
 
     request_id: str
@@ -66,3 +73,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     is_request_fault: bool = False
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = attrs.field(default=None, repr=False)
+    pooled: tuple[float, ...] | None = attrs.field(default=None, repr=False)

@@ -16,7 +16,7 @@ import attrs
 
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.output.detokenizer import Decoder
-from metrale_server.output.outputs import RequestOutput
+from metrale_server.output.outputs import RequestOutput, TokenLogprob
 from metrale_server.output.text_state import TextState
 from metrale_server.sampling.params import SamplingParams
 
@@ -42,6 +42,8 @@ class RequestState:
     texts: list[TextState]
     kind: RequestOutputKind
     num_cached_tokens: int = 0
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    pooled: tuple[float, ...] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -124,6 +126,10 @@ class OutputProcessor:
         stopped: list[tuple[str, tuple[int, ...]]],
     ) -> RequestOutput | None:
         state.num_cached_tokens = max(state.num_cached_tokens, core_output.num_cached_tokens)
+        if core_output.prompt_logprobs is not None:
+            state.prompt_logprobs = core_output.prompt_logprobs
+        if core_output.pooled is not None:
+            state.pooled = core_output.pooled
         newly_stopped = [delta.index for delta in core_output.deltas if self._apply(state, delta)]
         if newly_stopped and not state.is_finished:
             stopped.append((state.request_id, tuple(newly_stopped)))
@@ -194,4 +200,6 @@ def _report(state: RequestState) -> RequestOutput | None:
         outputs=outputs,
         finished=is_finished,
         num_cached_tokens=state.num_cached_tokens,
+        prompt_logprobs=state.prompt_logprobs,
+        pooled=state.pooled,
     )

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from metrale_server.pooling.params import PoolingParams
 from metrale_server.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
@@ -34,6 +35,10 @@ class SamplingParams:
     (0..20). ``stop`` strings end generation and are not part of the text.
     ``structured_outputs`` constrains every output to a grammar (JSON schema, regex, choice,
     grammar); such an output ends when its grammar is complete and the model picks EOS.
+    ``prompt_logprobs`` (vLLM's field) asks for each prompt token's log-probability given
+    the tokens before it, plus that many alternatives (0..20), computed in the prefill (the
+    request then takes no prefix-cache hit). ``pooling`` makes the request read one vector
+    from its prompt (an embedding or a score, :class:`PoolingParams`) and generate nothing.
     """
 
     n: int = 1
@@ -56,6 +61,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
+    pooling: PoolingParams | None = None
 
     def __attrs_post_init__(self) -> None:
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
@@ -93,6 +100,11 @@ class SamplingParams:
             self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
             "logprobs",
             f"must be in 0..{MAX_LOGPROBS}, got {self.logprobs}",
+        )
+        _check(
+            self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+            "prompt_logprobs",
+            f"must be in 0..{MAX_LOGPROBS}, got {self.prompt_logprobs}",
         )
         _check(all(s for s in self.stop), "stop", "stop strings must be non-empty")
         if self.logit_bias is not None:

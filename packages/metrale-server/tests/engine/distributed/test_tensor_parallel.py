@@ -42,9 +42,9 @@ def run(engine: Engine, max_tokens: int) -> tuple[list[tuple[int, ...]], list[to
     logits: list[torch.Tensor] = []
 
     def recording(step):  # type: ignore[no-untyped-def]
-        rows = forward(step)
+        rows, read = forward(step)
         logits.append(rows.clone())
-        return rows
+        return rows, read
 
     runner.forward = recording  # type: ignore[method-assign]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

@@ -9,7 +9,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch import load_model
 from metrale_model_arch.parallel import TensorShard
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
@@ -24,6 +24,7 @@ from metrale_server.engine.distributed.rendezvous import Rendezvous
 from metrale_server.engine.model_runner import ModelRunner
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
+from metrale_server.pooling.model_task import engine_model_config, serves_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def run_worker(rendezvous: Rendezvous, device_type: str) -> int:
 
 def build_worker_runner(args: EngineArgs, rendezvous: Rendezvous) -> tuple[ModelRunner, RankMemory]:
     device = rank_device(args, rendezvous)
-    config = read_model_config(resolve_model(args.model))
+    config = engine_model_config(args)
     dtype = resolve_dtype(args.dtype, device, config)
     plan = plan_engine_memory(args, config, device=device, dtype=dtype)
     ledger = MemoryLedger()
@@ -83,6 +84,7 @@ def build_worker_runner(args: EngineArgs, rendezvous: Rendezvous) -> tuple[Model
         quantization=plan.inputs.quantization,
         shard=TensorShard(rank=rendezvous.rank, world_size=rendezvous.world_size),
         kernel_backend=args.kernel_backend,
+        without_head=serves_embeddings(args.task, args.model),
     )
     runner = ModelRunner(
         loaded,
