@@ -21,6 +21,8 @@ SIBLINGS = {
     "metrale-bench": [],
     "metrale-server": ["metrale-config", "metrale-kernels", "metrale-model-arch", "metrale-bench"],
 }
+# The extras every test and type-check environment installs (the PNG plots the bench tests draw).
+TEST_EXTRAS = {"metrale-bench": "[plots]"}
 NEEDS_TORCH = {"metrale-kernels", "metrale-model-arch", "metrale-server"}
 # Packages whose tests read the bundled default model.
 NEEDS_DEFAULT_MODEL = {"metrale-config", "metrale-model-arch", "metrale-server"}
@@ -50,7 +52,9 @@ def _install_packages(session: nox.Session, names: list[str]) -> None:
     if NEEDS_TORCH.intersection(names):
         # First, so nothing later resolves torch to a multi-GB CUDA build.
         session.install(*CONSTRAINTS, "torch==2.13.0")
-    session.install(*CONSTRAINTS, *(f"./packages/{name}" for name in names))
+    session.install(
+        *CONSTRAINTS, *(f"./packages/{name}{TEST_EXTRAS.get(name, '')}" for name in names)
+    )
 
 
 @nox.session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,22 @@ def _invoke(args: list[str], env: dict[str, str | None] | None = None) -> tuple[
 def _only_record(folder: Path) -> Path:
     (path,) = folder.glob("*.json")
     return path
+
+
+def test_without_matplotlib_the_run_says_which_extra_draws_the_plot(
+    fake_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+    monkeypatch.delitem(sys.modules, "metrale_bench.plots", raising=False)
+    code, out, _ = _invoke(
+        ["serve", "--base-url", fake_server_url, "--num-prompts", "2", "--random-input-len", "4",
+         "--random-output-len", "2", "--records-dir", str(tmp_path), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0, out
+    assert "not drawn: matplotlib is not installed" in out
+    assert "metrale-bench[plots]" in out
+    path = _only_record(tmp_path / "serve")
+    assert not path.with_suffix(".png").exists()
 
 
 def test_serve_writes_record_and_plot(fake_server_url: str, tmp_path: Path) -> None:

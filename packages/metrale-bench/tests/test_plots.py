@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metrale_bench.plots import plot_record, sweep_levels
+from metrale_bench.plots import plot_record
 from metrale_bench.records import new_record
+from metrale_bench.sweep import sweep_levels
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -39,9 +39,11 @@ from metrale_bench.records_dir import (
 )
 from metrale_bench.server_process import ServerStartError, running_server
 from metrale_bench.streaming import SamplingSpec
+from metrale_bench.sweep import sweep_levels
 from metrale_bench.target import ServerTarget, TargetError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8888"
+PLOTS_EXTRA = "metrale-bench[plots]"
 HEADLINES = {
     "serve": (
         "output_tok_s",
@@ -252,9 +254,9 @@ def finish(record: BenchRecord, records_dir: Path, *, plot: bool) -> None:
     out = _stdout()
     out.print(f"record: {path}", soft_wrap=True)
     if plot:
-        from metrale_bench.plots import plot_record  # matplotlib loads only when drawing
-
-        out.print(f"plot:   {plot_record(record, path.with_suffix('.png'))}", soft_wrap=True)
+        out.print(
+            f"plot:   {_draw(record, path.with_suffix('.png'))}", soft_wrap=True, markup=False
+        )
     out.print(headline_table(record))
     if record.num_failed:
         for error in record.errors:
@@ -263,11 +265,20 @@ def finish(record: BenchRecord, records_dir: Path, *, plot: bool) -> None:
         sys.exit(1)
 
 
+def _draw(record: BenchRecord, png: Path) -> str:
+    """The plot's path, or why none was drawn (matplotlib is an extra)."""
+    try:
+        from metrale_bench.plots import plot_record  # matplotlib loads only when drawing
+    except ModuleNotFoundError as error:
+        if error.name is None or not error.name.startswith("matplotlib"):
+            raise
+        return f"not drawn: matplotlib is not installed (pip install {PLOTS_EXTRA!r})"
+    return str(plot_record(record, png))
+
+
 def headline_table(record: BenchRecord) -> Table:
     """The few figures a reader wants first (a sweep: one row per concurrency)."""
     if record.benchmark == "concurrency-sweep":
-        from metrale_bench.plots import sweep_levels
-
         table = Table(title="concurrency sweep")
         table.add_column("concurrency", justify="right")
         for name in SWEEP_HEADLINES:

@@ -1,9 +1,9 @@
 """One PNG per record (matplotlib, Agg backend): latency CDFs; for a concurrency sweep, also
-output throughput and TPOT against concurrency."""
+output throughput and TPOT against concurrency. matplotlib comes with the ``plots`` extra
+(``pip install 'metrale-bench[plots]'``); nothing else imports this module at start."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,8 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from metrale_bench.records import BenchRecord
-
-_LEVEL = re.compile(r"^c(\d+)_(\w+_ms)$")
+from metrale_bench.sweep import sweep_levels
 
 
 def _cdf(axes: Axes, values: Sequence[float], label: str) -> None:
@@ -37,17 +36,6 @@ def _cdf_panel(axes: Axes, title: str, curves: dict[str, Sequence[float]]) -> No
     axes.grid(alpha=0.3)
     if len(curves) > 1:
         axes.legend(fontsize="small")
-
-
-def sweep_levels(record: BenchRecord) -> list[int]:
-    """The concurrencies a sweep record holds metrics for, ascending."""
-    levels = {int(m.group(1)) for name in record.samples if (m := _LEVEL.match(name))}
-    levels |= {
-        int(name[1:].split("_", 1)[0])
-        for name in record.metrics
-        if name.startswith("c") and name.endswith("_output_tok_s")
-    }
-    return sorted(levels)
 
 
 def _plot_sweep(record: BenchRecord, figure: Figure) -> None:
