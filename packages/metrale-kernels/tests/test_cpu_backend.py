@@ -35,7 +35,16 @@ def backend(native_ops: NativeOps) -> CpuBackend:
 
 @pytest.mark.parametrize(
     ("rows", "out_features", "in_features"),
-    [(1, 5, 7), (2, 13, 100), (3, 96, 64), (4, 70, 576), (8, 33, 130), (9, 40, 64), (40, 17, 96)],
+    [
+        (1, 5, 7),
+        (2, 13, 100),
+        (3, 96, 64),
+        (4, 70, 576),
+        (8, 33, 130),
+        (9, 40, 64),
+        (40, 17, 96),
+        (130, 300, 576),
+    ],
 )
 def test_int8_mm_is_the_exact_integer_product(
     backend: CpuBackend, rows: int, out_features: int, in_features: int

@@ -27,7 +27,7 @@ from metrale_kernels.q4_matmul import dequantize_q4, q4_linear, quantize_q4
 ops = load_native_ops()
 print(ops.int8_path, ops.q4_path, torch.ops.metrale.q4_mm_path())
 generator = torch.Generator().manual_seed(0)
-for rows, n, k in [(1, 7, 5), (2, 33, 100), (8, 64, 576), (3, 5, 1536)]:
+for rows, n, k in [(1, 7, 5), (2, 33, 100), (8, 64, 576), (3, 5, 1536), (67, 40, 200)]:
     a = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
     w = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
     want = (a.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32)

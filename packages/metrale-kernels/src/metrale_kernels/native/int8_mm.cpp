@@ -5,7 +5,10 @@
 // hardware prefetcher follows; four rows at a time, strided, ran at half the speed), every
 // activation row (at most 4 at a time, in registers) meeting each 64-byte chunk.
 // Integer sums are exact, so the result is bit-identical to torch._int_mm's whichever kernel
-// runs: the op takes its own path for few rows and oneDNN's for many.
+// runs: the op takes its own path for few rows and, where the CPU has int8 dot products
+// (VNNI), oneDNN's for many; without them oneDNN's int8 GEMM is a slow path (AVX2, 2 threads,
+// the head's 576 x 49152 at 16-512 rows: 3.5-5.6 GOP/s against this kernel's 101-142), so this
+// kernel takes every row count.
 //
 // Built on the machine that runs it (-march=native), so the #if branches are its CPU's:
 // AVX-512 VNNI (vpdpbusd on u8 x s8: the weight is offset to u8 by +128 and the activation
@@ -18,6 +21,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "int8_mm.h"
 #if defined(__AVX2__)
@@ -34,6 +38,7 @@ constexpr int64_t kFewRows = 8;
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 const char* const kPath = "avx512_vnni";
+constexpr bool kOneDnnForManyRows = true;
 
 template <int MR>
 void block_dot(const int8_t* const* a, const int32_t* a_sums, const int8_t* const* w, int64_t k,
@@ -68,6 +73,7 @@ void block_dot(const int8_t* const* a, const int32_t* a_sums, const int8_t* cons
 
 #elif defined(__AVX2__)
 const char* const kPath = "avx2";
+constexpr bool kOneDnnForManyRows = false;
 
 inline int32_t sum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -109,6 +115,7 @@ void block_dot(const int8_t* const* a, const int32_t* a_sums, const int8_t* cons
 
 #else
 const char* const kPath = "scalar";
+constexpr bool kOneDnnForManyRows = true;
 
 template <int MR>
 void block_dot(const int8_t* const* a, const int32_t* a_sums, const int8_t* const* w, int64_t k,
@@ -133,7 +140,7 @@ void few_rows_mm(const at::Tensor& a, const at::Tensor& w, at::Tensor& out) {
   const int8_t* a_data = a.data_ptr<int8_t>();
   const int8_t* w_data = w.data_ptr<int8_t>();
   int32_t* out_data = out.data_ptr<int32_t>();
-  int32_t a_sums[kFewRows];
+  std::vector<int32_t> a_sums(rows);
   for (int64_t m = 0; m < rows; ++m) {
     int32_t total = 0;
     for (int64_t j = 0; j < k; ++j) total += a_data[m * k + j];
@@ -155,8 +162,8 @@ void few_rows_mm(const at::Tensor& a, const at::Tensor& w, at::Tensor& out) {
         const int64_t mr = std::min(kMaxActRows, rows - m0);
         const int8_t* a_rows[kMaxActRows];
         for (int64_t m = 0; m < mr; ++m) a_rows[m] = a_data + (m0 + m) * k;
-        kBlockDots[mr](a_rows, a_sums + m0, w_rows, k, out_data + m0 * n_total + n0, n_total,
-                       n_valid);
+        kBlockDots[mr](a_rows, a_sums.data() + m0, w_rows, k, out_data + m0 * n_total + n0,
+                       n_total, n_valid);
       }
     }
   });
@@ -168,7 +175,8 @@ at::Tensor int8_mm(const at::Tensor& a, const at::Tensor& w) {
   TORCH_CHECK(a.scalar_type() == at::kChar && w.scalar_type() == at::kChar,
               "int8_mm: int8 operands");
   TORCH_CHECK(a.device().is_cpu() && w.device().is_cpu(), "int8_mm: CPU tensors");
-  if (a.size(0) > kFewRows || a.size(0) == 0 || !w.is_contiguous()) {
+  const bool is_many = kOneDnnForManyRows && a.size(0) > kFewRows;
+  if (is_many || a.size(0) == 0 || !w.is_contiguous()) {
     return at::_int_mm(a, w.t());
   }
   const at::Tensor a_rows = a.contiguous();
