@@ -11,6 +11,7 @@ import torch
 
 from metrale_server import LLM, SamplingParams
 from metrale_server.pooling import PoolingParams
+from metrale_server.pooling.score_prompt import score_prompt
 
 transformers = pytest.importorskip("transformers")
 
@@ -180,3 +181,32 @@ def test_pooling_takes_blocks_for_its_prompt_only(tiny_model_dir: Path, hf_model
     assert output[0].pooled is not None
     assert torch.allclose(torch.tensor(output[0].pooled), expected, atol=1e-5)
     assert llm.engine.block_manager.num_free_blocks == llm.engine.num_kv_blocks
+
+
+def test_llm_embed_and_score(tiny_model_dir: Path, hf_model: object) -> None:
+    """The offline API, vLLM's ``LLM.embed`` and ``LLM.score``: a causal LM served as an
+    embedding model (loaded without its head) and as a yes/no reranker."""
+    texts = ["The capital of France", "is Paris."]
+    with LLM(str(tiny_model_dir), dtype="float32", task="embed") as embedder:
+        assert embedder.engine.loaded.config.tie_word_embeddings  # no head of its own
+        vectors = embedder.embed(texts)
+        short = embedder.embed(texts[0], dimensions=8)
+        with pytest.raises(ValueError, match="task 'embed'"):
+            embedder.score("q", ["d"])
+        tokenizer = embedder.engine.loaded.tokenizer
+    for text, vector in zip(texts, vectors, strict=True):
+        states = reference_states(hf_model, tokenizer.encode(text, add_special_tokens=True))
+        expected = torch.nn.functional.normalize(states[-1], dim=0)
+        assert torch.allclose(torch.tensor(vector), expected, atol=1e-5)
+    assert len(short[0]) == 8
+    with LLM(str(tiny_model_dir), dtype="float32", task="score") as reranker:
+        scores = reranker.score("Where is Paris?", ["Paris is in France.", "Bananas."])
+        no_id, yes_id = reranker.engine.task.pooling.score_token_ids  # type: ignore[union-attr,misc]
+        with pytest.raises(ValueError, match="task 'score'"):
+            reranker.embed("x")
+    for document, score in zip(["Paris is in France.", "Bananas."], scores, strict=True):
+        prompt = score_prompt("Where is Paris?", document)
+        logits = reference_logprobs(hf_model, tokenizer.encode(prompt, add_special_tokens=False))
+        assert score == pytest.approx(
+            float(torch.sigmoid(logits[-1, yes_id] - logits[-1, no_id])), abs=1e-5
+        )

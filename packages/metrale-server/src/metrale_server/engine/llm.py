@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from metrale_server.args import EngineArgs
 from metrale_server.engine.core import RequestError
 from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import RequestOutputKind
+from metrale_server.pooling.model_task import TaskName
+from metrale_server.pooling.params import PoolingParams
+from metrale_server.pooling.score_prompt import DEFAULT_INSTRUCTION, score_prompt
 from metrale_server.sampling.params import SamplingParams
 
 PromptInput = str | Mapping[str, Any]
@@ -87,6 +92,35 @@ class LLM:
                     results[output.request_id] = output
         return [results[request_id] for request_id in order]
 
+    def embed(
+        self, prompts: PromptInput | Sequence[PromptInput], *, dimensions: int | None = None
+    ) -> list[tuple[float, ...]]:
+        """Each prompt's embedding, in order, pooled as the model's files say (an ``embed``
+        task); ``dimensions`` keeps the first that many components before normalizing."""
+        pooling = attrs.evolve(self._task_pooling("embed"), dimensions=dimensions)
+        return _vectors(self.generate(prompts, SamplingParams(pooling=pooling)))
+
+    def score(
+        self, query: str, documents: Sequence[str], *, instruction: str = DEFAULT_INSTRUCTION
+    ) -> list[float]:
+        """A yes/no reranker's relevance of each document to ``query`` (a ``score`` task), in
+        the documents' order: what ``/v1/score`` answers, in Qwen3-Reranker's prompt."""
+        params = SamplingParams(pooling=self._task_pooling("score"))
+        tokenizer = self.engine.loaded.tokenizer
+        prompts = [
+            {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+            for text in (score_prompt(query, document, instruction) for document in documents)
+        ]
+        return [vector[0] for vector in _vectors(self.generate(prompts, params))]
+
+    def _task_pooling(self, task: TaskName) -> PoolingParams:
+        served = self.engine.task
+        if served.name != task or served.pooling is None:
+            raise ValueError(
+                f"this model serves task {served.name!r}; build it with LLM(..., task={task!r})"
+            )
+        return served.pooling
+
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.engine.loaded.tokenizer.encode(prompt, add_special_tokens=True)
@@ -96,3 +130,13 @@ class LLM:
             text = str(prompt["prompt"])
             return text, self.engine.loaded.tokenizer.encode(text, add_special_tokens=True)
         raise ValueError("a prompt is a string, {'prompt': str} or {'prompt_token_ids': [...]}")
+
+
+def _vectors(outputs: list[RequestOutput]) -> list[tuple[float, ...]]:
+    """Each output's pooled vector; a refused prompt raises ``RequestError`` saying why."""
+    vectors = []
+    for output in outputs:
+        if output.error is not None or output.pooled is None:
+            raise RequestError(f"prompt {output.request_id}: {output.error}")
+        vectors.append(output.pooled)
+    return vectors
