@@ -5,19 +5,11 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import read_bool_lever
+from metrale_server.arg_choices import KERNEL_BACKEND_CHOICES, QUANTIZATION_CHOICES, TASK_CHOICES
 from metrale_server.speculative_config import SpeculativeConfig
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
 DEFAULT_BLOCK_SIZE = 16
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
-# ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto`` (named here: importing model-arch
-# would import torch, and ``met --help`` should not wait for it).
-QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
-# ``metrale_kernels.BACKEND_NAMES``, named here for the same reason.
-KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
-# What the served model does: ``auto`` detects it from the model's files
-# (:func:`metrale_server.pooling.model_task.resolve_model_task`).
-TASK_CHOICES = ("auto", "generate", "embed", "score")
 
 
 @attrs.frozen(kw_only=True)

@@ -9,7 +9,7 @@ from metrale_kernels import BackendUnavailableError, cpu_features, get_backend
 from metrale_model_arch import LoadedModel, Quantization
 from metrale_model_arch.memory.weights import q4_support_error
 from metrale_model_arch.registry import ARCHITECTURES
-from metrale_server.args import DTYPE_NAMES
+from metrale_server.arg_choices import DTYPE_NAMES
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 

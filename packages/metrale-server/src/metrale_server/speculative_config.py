@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from metrale_server.arg_choices import QUANTIZATION_CHOICES
+
 METHODS = ("ngram", "draft_model")
 NOT_BUILT_METHODS = ("mtp", "eagle", "medusa")
 KEYS = (
@@ -41,8 +43,6 @@ class SpeculativeConfig:
     quantization: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        from metrale_server.args import QUANTIZATION_CHOICES  # args imports this module
-
         if self.method in NOT_BUILT_METHODS:
             raise ValueError(
                 f"method {self.method!r} is not built yet; this server has {' and '.join(METHODS)}"

@@ -11,7 +11,7 @@ from metrale_config import ModelConfig
 from metrale_kernels.cpu_features import CpuFeatures
 from metrale_model_arch import QUANTIZATION_NAMES, LoadedModel, Quantization
 from metrale_server import EngineArgs, devices
-from metrale_server.args import QUANTIZATION_CHOICES
+from metrale_server.arg_choices import QUANTIZATION_CHOICES
 from metrale_server.devices import resolve_device, resolve_dtype, resolve_quantization
 
 

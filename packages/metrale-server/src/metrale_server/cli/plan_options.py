@@ -13,13 +13,13 @@ from typing import Any, TypeVar
 import attrs
 import click
 
-from metrale_server.args import (
+from metrale_server.arg_choices import (
     DTYPE_NAMES,
     KERNEL_BACKEND_CHOICES,
     QUANTIZATION_CHOICES,
     TASK_CHOICES,
-    EngineArgs,
 )
+from metrale_server.args import EngineArgs
 from metrale_server.speculative_config import SpeculativeConfig
 
 _DEFAULTS = EngineArgs()

@@ -1,0 +1,14 @@
+"""The values the engine's named arguments take (``--dtype``, ``--quantization``,
+``--kernel-backend``, ``--task``): named here, below both ``EngineArgs`` and
+``SpeculativeConfig``, and without importing torch, so ``met --help`` does not wait for it."""
+
+from __future__ import annotations
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto``.
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
+# ``metrale_kernels.BACKEND_NAMES``.
+KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
+# What the served model does: ``auto`` detects it from the model's files
+# (:func:`metrale_server.pooling.model_task.resolve_model_task`).
+TASK_CHOICES = ("auto", "generate", "embed", "score")
