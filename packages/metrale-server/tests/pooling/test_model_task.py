@@ -39,13 +39,15 @@ def write_layout(
     *modes: str,
     modules: tuple[dict[str, Any], ...] = (TRANSFORMER, POOLING, NORMALIZE),
     config: dict[str, Any] | None = None,
+    include_prompt: bool = True,
 ) -> ModelSource:
     """A model directory with ``modules.json`` and a ``1_Pooling/config.json`` whose
     ``pooling_mode_*`` flags are set for ``modes``, as sentence-transformers saves them."""
+    path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config or {"model_type": "qwen3"}))
     (path / "modules.json").write_text(json.dumps(list(modules)))
     (path / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": 64, "include_prompt": True}
+    pooling = {"word_embedding_dimension": 64, "include_prompt": include_prompt}
     pooling.update({f"pooling_mode_{mode}": mode in modes for mode in POOLING_MODES})
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
     return ModelSource(kind="dir", path=path, name=str(path))
@@ -110,6 +112,18 @@ def test_a_pooling_mode_the_server_cannot_do_names_file_and_mode(
     ) as info:
         model_task_for("auto", source, default_tokenizer)
     assert str(tmp_path / "1_Pooling" / "config.json") in str(info.value)
+
+
+def test_a_mean_without_the_prompt_is_refused_and_a_last_token_ignores_it(
+    tmp_path: Path, default_tokenizer: Tokenizer
+) -> None:
+    mean = write_layout(tmp_path / "mean", "mean_tokens", include_prompt=False)
+    with pytest.raises(ValueError, match="include_prompt false"):
+        model_task_for("auto", mean, default_tokenizer)
+    last = write_layout(tmp_path / "last", "lasttoken", include_prompt=False)
+    task = model_task_for("auto", last, default_tokenizer)
+    assert task.pooling is not None
+    assert task.pooling.method == "last"
 
 
 @pytest.mark.parametrize("modes", [(), ("lasttoken", "mean_tokens")])

@@ -76,7 +76,15 @@ def _pooling_method(config_path: Path) -> PoolingMethod:
             f"{config_path}: pooling mode {mode} is not supported (supported: "
             f"{', '.join(POOLING_MODES)})"
         )
-    return POOLING_MODES[mode]
+    method = POOLING_MODES[mode]
+    # A mean without the prompt (the instruction's tokens) needs where the instruction ends,
+    # which the server is not told: refused rather than pooled over the wrong tokens.
+    if method == "mean" and config.get("include_prompt", True) is not True:
+        raise ValueError(
+            f"{config_path}: mean pooling with include_prompt false (the instruction's tokens "
+            "left out) is not supported"
+        )
+    return method
 
 
 def _read_json(path: Path) -> Any:
