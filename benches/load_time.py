@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from bench_host import cpu_line
 
-from metrale_config import ModelConfig, read_gguf_header
+from metrale_config import model_config_from_gguf_header, read_gguf_header
 from metrale_model_arch import ChatTemplate, Tokenizer, load_gguf_model, load_model, resolve_model
 
 
@@ -31,7 +31,7 @@ def time_stages(path: str) -> dict[str, float]:
     times: dict[str, float] = {}
     start = time.perf_counter()
     header = read_gguf_header(path)
-    ModelConfig.from_gguf_header(header)
+    model_config_from_gguf_header(header)
     times["header + config"] = time.perf_counter() - start
     start = time.perf_counter()
     load_gguf_model(header, dtype=torch.float32, device="cpu")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams
 
 MODEL_TYPES = ("qwen3_moe", "mixtral")
@@ -50,7 +50,7 @@ def moe_model(
 ) -> tuple[Path, list[tuple[int, ...]]]:
     """The model's directory, and each prompt's greedy tokens generated alone."""
     path = tiny_moe_factory(request.param)
-    config = ModelConfig.from_hf_config(path)
+    config = model_config_from_hf_file(path)
     assert config.model_type == request.param
     assert config.moe is not None
     alone = [tokens(generate(path, [prompt], max_batch_size=1)[1])[0] for prompt in PROMPTS]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_file
 from metrale_model_arch.memory import BUFFER_ARENA, KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
 from metrale_server import Engine, EngineArgs
 
@@ -54,7 +54,7 @@ def test_ledger_equals_plan_by_owner(
     tiny_moe_factory: Callable[[str], Path], model_type: str, dtype: str
 ) -> None:
     path = tiny_moe_factory(model_type)
-    config = ModelConfig.from_hf_config(path)
+    config = model_config_from_hf_file(path)
     assert config.model_type == model_type
     assert config.moe is not None
     engine = Engine(

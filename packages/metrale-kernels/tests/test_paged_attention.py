@@ -367,11 +367,11 @@ def test_plan_built_once_per_step_and_window(monkeypatch: pytest.MonkeyPatch) ->
         for w in layer_windows
     ]
     assert built == [None, 8]
-    plans = {w: batch.metadata.decode_plan(w) for w in (None, 8)}
+    plans = {w: paged_attention_module.decode_plan(batch.metadata, w) for w in (None, 8)}
     assert plans[None] is not plans[8]
     assert plans[None].sliding_window is None
     assert plans[8].sliding_window == 8
-    assert batch.metadata.decode_plan(None) is plans[None]
+    assert paged_attention_module.decode_plan(batch.metadata, None) is plans[None]
     assert built == [None, 8]
     # Reusing the plan changes nothing: every layer agrees with a fresh, uncached plan.
     fresh = build_attention_metadata(

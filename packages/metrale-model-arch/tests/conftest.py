@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_dict
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.kv_cache import allocate_kv_cache, allocate_state_slots
@@ -168,4 +168,4 @@ def tiny_glm5_next() -> ModelConfig:
     transformers = pytest.importorskip("transformers")
     data = transformers.Glm5NextConfig().to_dict()
     data["text_config"] = {**data["text_config"], **TINY_GLM5_NEXT_TEXT}
-    return ModelConfig.from_hf_dict(data, source="tiny glm5_next")
+    return model_config_from_hf_dict(data, source="tiny glm5_next")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from metrale_config import ConfigError, ModelConfig, read_gguf_header
+from metrale_config import ConfigError, model_config_from_gguf_header, read_gguf_header
 from metrale_model_arch.build import CheckpointError
 from metrale_model_arch.loading.gguf_loader import (
     SUPPORTED_GGML_TYPES,
@@ -321,7 +321,7 @@ def test_data_cut_after_the_header_was_read_is_an_error_naming_the_file(tmp_path
     path = tmp_path / "shrunk.gguf"
     write_gguf(path, as_gguf(hf_weights(), Q.F32))
     header = read_gguf_header(path)
-    config = ModelConfig.from_gguf_header(header)
+    config = model_config_from_gguf_header(header)
     path.write_bytes(path.read_bytes()[:-100])
 
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}.*truncated"):

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_file
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM
 from metrale_model_arch.families.glm5_next.dsa_attention import DsaAttention
 from metrale_model_arch.families.glm5_next.kda_attention import KdaAttention
@@ -123,7 +123,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
         for seq_id, length in enumerate(PROMPT_LENS)
     }
     return Checkpoint(
-        path=path, config=ModelConfig.from_hf_config(path), hf_model=hf_model, prompts=prompts
+        path=path, config=model_config_from_hf_file(path), hf_model=hf_model, prompts=prompts
     )
 
 

@@ -7,7 +7,7 @@ import attrs
 import pytest
 import torch
 
-from metrale_config import ModelConfig, MoeConfig
+from metrale_config import ModelConfig, MoeConfig, model_config_from_hf_dict
 from metrale_model_arch.kv_cache import (
     allocate_kv_cache,
     allocate_state_slots,
@@ -237,7 +237,7 @@ def test_state_slots_allocate_exactly_the_plan_reserve(
 ) -> None:
     """transformers' full-size GLM-5.3, on the meta device: no memory is touched."""
     transformers = pytest.importorskip("transformers")
-    config = ModelConfig.from_hf_dict(
+    config = model_config_from_hf_dict(
         transformers.Glm5NextConfig().to_dict(), source="Glm5NextConfig()"
     )
     max_seq_len = 16384

@@ -11,7 +11,7 @@ import attrs
 import pytest
 import torch
 
-from metrale_config import ModelConfig, RopeScaling
+from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families import LlamaForCausalLM
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
@@ -109,7 +109,7 @@ def checkpoint(
         for seq_id, length in enumerate(PROMPT_LENS)
     }
     return Checkpoint(
-        path=path, config=ModelConfig.from_hf_config(path), hf_model=hf_model, prompts=prompts
+        path=path, config=model_config_from_hf_file(path), hf_model=hf_model, prompts=prompts
     )
 
 

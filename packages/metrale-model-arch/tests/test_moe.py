@@ -14,7 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from metrale_config import ModelConfig, read_gguf_header
+from metrale_config import (
+    ModelConfig,
+    model_config_from_gguf_header,
+    model_config_from_hf_file,
+    read_gguf_header,
+)
 from metrale_model_arch.families.mixtral import MixtralForCausalLM
 from metrale_model_arch.families.moe import MoeForCausalLM, SparseMoeBlock
 from metrale_model_arch.families.qwen3_moe import Qwen3MoeForCausalLM
@@ -132,7 +137,7 @@ def checkpoint(
     return Checkpoint(
         case=request.param,
         path=path,
-        config=ModelConfig.from_hf_config(path),
+        config=model_config_from_hf_file(path),
         hf_model=hf_model,
         prompts=prompts,
     )
@@ -346,7 +351,7 @@ def test_gguf_model_equals_safetensors_model(
     gguf_path = tmp_path / "model.gguf"
     write_moe_gguf(gguf_path, checkpoint.hf_model, config)
 
-    gguf_config = ModelConfig.from_gguf_header(read_gguf_header(gguf_path))
+    gguf_config = model_config_from_gguf_header(read_gguf_header(gguf_path))
     assert gguf_config.model_type == config.model_type
     assert gguf_config.moe == config.moe
     assert gguf_config.qk_norm == config.qk_norm

@@ -1,8 +1,18 @@
 """Metrale model configs and environment levers."""
 
 from metrale_config.errors import ConfigError, UndeclaredLeverError
-from metrale_config.gguf import GgufHeader, GgufTensorInfo, read_gguf_header
-from metrale_config.hf import normalize_model_type
+from metrale_config.gguf import (
+    GgufHeader,
+    GgufTensorInfo,
+    model_config_from_gguf,
+    model_config_from_gguf_header,
+    read_gguf_header,
+)
+from metrale_config.hf import (
+    model_config_from_hf_dict,
+    model_config_from_hf_file,
+    normalize_model_type,
+)
 from metrale_config.layer_types import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
@@ -51,6 +61,10 @@ __all__ = [
     "RopeScaling",
     "UndeclaredLeverError",
     "check_environment",
+    "model_config_from_gguf",
+    "model_config_from_gguf_header",
+    "model_config_from_hf_dict",
+    "model_config_from_hf_file",
     "normalize_model_type",
     "read_bool_lever",
     "read_gguf_header",

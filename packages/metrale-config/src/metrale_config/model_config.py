@@ -1,14 +1,11 @@
 """``ModelConfig``: every field the architectures and the memory math read, parsed at the edge.
 
-Value types only: the parsers live in ``metrale_config.hf`` and ``metrale_config.gguf``; the named
-constructors import them when called.
+Value types only: the parsers live in ``metrale_config.hf`` and ``metrale_config.gguf``
+(``model_config_from_hf_file``, ``model_config_from_gguf``...), above this module, which
+imports neither.
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import attrs
 
@@ -19,9 +16,6 @@ from metrale_config.layer_types import SLIDING_ATTENTION as SLIDING_ATTENTION
 from metrale_config.layer_types import SPARSE_ATTENTION as SPARSE_ATTENTION
 from metrale_config.layer_types import LayerType, to_layer_types
 from metrale_config.rope import RopeScaling
-
-if TYPE_CHECKING:
-    from metrale_config.gguf.header import GgufHeader
 
 
 @attrs.frozen(kw_only=True)
@@ -96,10 +90,11 @@ class MhcConfig:
 class ModelConfig:
     """A model's architecture, as read from ``config.json`` or GGUF metadata.
 
-    Build one with ``ModelConfig.from_hf_config(path)``, ``from_hf_dict(d, source=...)`` or
-    ``from_gguf(path)``; derive variants with ``attrs.evolve``. Parsed configs are validated:
-    ``layer_types`` (and ``moe.mlp_layer_types``, ``dsa.indexer_types``) have
-    ``num_hidden_layers`` entries, sizes are positive, heads divide by kv heads.
+    Build one with ``model_config_from_hf_file(path)``, ``model_config_from_hf_dict(d,
+    source=...)`` or ``model_config_from_gguf(path)``; derive variants with ``attrs.evolve``.
+    Parsed configs are validated: ``layer_types`` (and ``moe.mlp_layer_types``,
+    ``dsa.indexer_types``) have ``num_hidden_layers`` entries, sizes are positive, heads divide
+    by kv heads.
 
     ``source`` says where the config came from (``config.json at /x/config.json``, ``GGUF file
     at /x/m.gguf``) and starts every error message. ``rope_scaling`` is ``None`` for plain RoPE.
@@ -144,38 +139,6 @@ class ModelConfig:
     mhc: MhcConfig | None = None
     # Clamp of the SwiGLU gate/up activations (glm5_next); None means unclamped.
     swiglu_limit: float | None = None
-
-    @classmethod
-    def from_hf_config(cls, path: str | os.PathLike[str]) -> ModelConfig:
-        """Parse a ``config.json`` file, or the one inside the directory ``path``.
-
-        Raises ``ConfigError`` naming the file for a missing file, invalid JSON, an unsupported
-        ``model_type`` or any missing, mistyped or inconsistent field.
-        """
-        from metrale_config.hf import model_config_from_hf_file
-
-        return model_config_from_hf_file(path)
-
-    @classmethod
-    def from_hf_dict(cls, data: Mapping[str, object], *, source: str) -> ModelConfig:
-        """Parse an already-loaded ``config.json`` object; ``source`` starts every error message."""
-        from metrale_config.hf import model_config_from_hf_dict
-
-        return model_config_from_hf_dict(data, source=source)
-
-    @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str]) -> ModelConfig:
-        """Parse the metadata of a GGUF file (``general.architecture`` llama, qwen2 or qwen3)."""
-        from metrale_config.gguf import model_config_from_gguf
-
-        return model_config_from_gguf(path)
-
-    @classmethod
-    def from_gguf_header(cls, header: GgufHeader) -> ModelConfig:
-        """Build the config from an already-read GGUF header."""
-        from metrale_config.gguf import model_config_from_gguf_header
-
-        return model_config_from_gguf_header(header)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -1,4 +1,5 @@
-"""``ModelConfig.from_gguf`` / ``from_gguf_header``: the bundled SmolLM2 and tiny written files."""
+"""``model_config_from_gguf`` / ``model_config_from_gguf_header``: the bundled SmolLM2 and
+tiny written files."""
 
 from __future__ import annotations
 
@@ -8,14 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from metrale_config import FULL_ATTENTION, ConfigError, GgufHeader, ModelConfig, RopeScaling
+from metrale_config import (
+    FULL_ATTENTION,
+    ConfigError,
+    GgufHeader,
+    RopeScaling,
+    model_config_from_gguf,
+    model_config_from_gguf_header,
+)
 
 # The ``tiny_gguf`` fixture (conftest.py): writes a small GGUF file, returns its path.
 TinyGguf = Callable[..., Path]
 
 
 def test_bundled_smollm2(bundled_gguf_header: GgufHeader, bundled_gguf_path: Path) -> None:
-    config = ModelConfig.from_gguf_header(bundled_gguf_header)
+    config = model_config_from_gguf_header(bundled_gguf_header)
     assert config.model_type == "llama"
     assert config.source == f"GGUF file at {bundled_gguf_path}"
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (
@@ -35,26 +43,26 @@ def test_bundled_smollm2(bundled_gguf_header: GgufHeader, bundled_gguf_path: Pat
 
 
 def test_from_gguf_reads_the_file(tiny_gguf: TinyGguf) -> None:
-    config = ModelConfig.from_gguf(tiny_gguf())
+    config = model_config_from_gguf(tiny_gguf())
     assert (config.num_hidden_layers, config.hidden_size, config.head_dim) == (2, 32, 8)
     assert config.vocab_size == 40
     assert config.rope_theta == 1000000.0
 
 
 def test_output_tensor_means_untied(tiny_gguf: TinyGguf) -> None:
-    config = ModelConfig.from_gguf(tiny_gguf(tensors={"output.weight": (40, 32)}))
+    config = model_config_from_gguf(tiny_gguf(tensors={"output.weight": (40, 32)}))
     assert config.tie_word_embeddings is False
 
 
 def test_qwen3_key_length_and_qk_norm(tiny_gguf: TinyGguf) -> None:
     path = tiny_gguf("qwen3", attention__key_length=16, tensors={"blk.0.attn_q_norm.weight": (16,)})
-    config = ModelConfig.from_gguf(path)
+    config = model_config_from_gguf(path)
     assert config.model_type == "qwen3"
     assert (config.head_dim, config.qk_norm, config.qkv_bias) == (16, True, False)
 
 
 def test_qwen2_qkv_bias_from_tensors(tiny_gguf: TinyGguf) -> None:
-    config = ModelConfig.from_gguf(tiny_gguf("qwen2", tensors={"blk.0.attn_q.bias": (32,)}))
+    config = model_config_from_gguf(tiny_gguf("qwen2", tensors={"blk.0.attn_q.bias": (32,)}))
     assert (config.qkv_bias, config.o_proj_bias) == (True, False)
 
 
@@ -64,13 +72,13 @@ def test_rope_scaling_keys(tiny_gguf: TinyGguf) -> None:
         rope__scaling__factor=4.0,
         rope__scaling__original_context_length=64,
     )
-    assert ModelConfig.from_gguf(path).rope_scaling == RopeScaling(
+    assert model_config_from_gguf(path).rope_scaling == RopeScaling(
         rope_type="yarn", factor=4.0, original_max_position_embeddings=64
     )
 
 
 def test_rope_freqs_tensor_is_marked_for_families_to_refuse(tiny_gguf: TinyGguf) -> None:
-    config = ModelConfig.from_gguf(tiny_gguf(tensors={"rope_freqs.weight": (4,)}))
+    config = model_config_from_gguf(tiny_gguf(tensors={"rope_freqs.weight": (4,)}))
     assert config.rope_scaling is not None
     assert config.rope_scaling.rope_type == "gguf_rope_freqs"
 
@@ -80,16 +88,16 @@ def test_missing_key_names_it_and_the_file(tiny_gguf: TinyGguf) -> None:
     with pytest.raises(
         ConfigError, match=re.escape(f"GGUF file at {path}: field 'llama.block_count' is missing")
     ):
-        ModelConfig.from_gguf(path)
+        model_config_from_gguf(path)
 
 
 def test_unsupported_architecture(tiny_gguf: TinyGguf) -> None:
     with pytest.raises(ConfigError, match=r"unsupported general\.architecture 'gpt2'; supported"):
-        ModelConfig.from_gguf(tiny_gguf("gpt2"))
+        model_config_from_gguf(tiny_gguf("gpt2"))
 
 
 def test_mistyped_key(tiny_gguf: TinyGguf) -> None:
     with pytest.raises(
         ConfigError, match=r"field 'llama\.block_count' must be an integer, got str"
     ):
-        ModelConfig.from_gguf(tiny_gguf(block_count="two"))
+        model_config_from_gguf(tiny_gguf(block_count="two"))

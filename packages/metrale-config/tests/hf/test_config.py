@@ -1,4 +1,4 @@
-"""``ModelConfig.from_hf_config`` on configs that transformers itself saved."""
+"""``model_config_from_hf_file`` on configs that transformers itself saved."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from metrale_config import (
     LINEAR_ATTENTION,
     SLIDING_ATTENTION,
     SPARSE_ATTENTION,
-    ModelConfig,
     RopeScaling,
+    model_config_from_hf_dict,
+    model_config_from_hf_file,
 )
 
 TINY: dict[str, Any] = {
@@ -42,7 +43,7 @@ def test_llama_fields(tmp_path: Path) -> None:
     hf = transformers.LlamaConfig(
         **TINY, attention_bias=True, mlp_bias=True, tie_word_embeddings=True, eos_token_id=[2, 7]
     )
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.model_type == "llama"
     assert config.source == f"config.json at {tmp_path / 'config.json'}"
     assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (320, 64, 160)
@@ -61,7 +62,7 @@ def test_llama_fields(tmp_path: Path) -> None:
 
 def test_config_path_may_be_the_file_or_its_directory(tmp_path: Path) -> None:
     _saved(tmp_path, transformers.LlamaConfig(**TINY))
-    assert ModelConfig.from_hf_config(tmp_path / "config.json") == ModelConfig.from_hf_config(
+    assert model_config_from_hf_file(tmp_path / "config.json") == model_config_from_hf_file(
         str(tmp_path)
     )
 
@@ -76,7 +77,7 @@ def test_llama3_rope_parameters(tmp_path: Path) -> None:
         "original_max_position_embeddings": 1024,
     }
     hf = transformers.LlamaConfig(**TINY, rope_parameters=rope, max_position_embeddings=4096)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert "rope_parameters" in _config_json(tmp_path)
     assert config.rope_theta == 500000.0
     assert config.rope_scaling == RopeScaling(
@@ -94,7 +95,7 @@ def test_legacy_rope_theta_and_rope_scaling(tmp_path: Path) -> None:
     del data["rope_parameters"]
     data["rope_theta"] = 250000.0
     data["rope_scaling"] = {"type": "linear", "factor": 2.0}
-    config = ModelConfig.from_hf_dict(data, source="legacy")
+    config = model_config_from_hf_dict(data, source="legacy")
     assert config.rope_theta == 250000.0
     assert config.rope_scaling == RopeScaling(rope_type="linear", factor=2.0)
 
@@ -102,7 +103,7 @@ def test_legacy_rope_theta_and_rope_scaling(tmp_path: Path) -> None:
 def test_unknown_rope_type_is_kept_for_the_family_to_refuse(tmp_path: Path) -> None:
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
     hf = transformers.Qwen2Config(**TINY, rope_parameters=rope)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.rope_scaling is not None
     assert (config.rope_scaling.rope_type, config.rope_scaling.factor) == ("yarn", 4.0)
     assert config.rope_scaling.original_max_position_embeddings == 32768
@@ -110,7 +111,7 @@ def test_unknown_rope_type_is_kept_for_the_family_to_refuse(tmp_path: Path) -> N
 
 def test_mistral_sliding_window_and_biases(tmp_path: Path) -> None:
     hf = transformers.MistralConfig(**TINY, sliding_window=32)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.model_type == "mistral"
     assert config.sliding_window == 32
     assert config.layer_types == (SLIDING_ATTENTION,) * 4
@@ -120,13 +121,13 @@ def test_mistral_sliding_window_and_biases(tmp_path: Path) -> None:
 
 def test_mistral_without_window_is_full_attention(tmp_path: Path) -> None:
     hf = transformers.MistralConfig(**TINY, sliding_window=None)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert (config.sliding_window, config.layer_types) == (None, (FULL_ATTENTION,) * 4)
 
 
 def test_qwen2_biases_and_tied_embeddings(tmp_path: Path) -> None:
     hf = transformers.Qwen2Config(**TINY, tie_word_embeddings=True, dtype="bfloat16")
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert (config.qkv_bias, config.o_proj_bias, config.qk_norm) == (True, False, False)
     assert config.head_dim == 8
     assert config.tie_word_embeddings is True
@@ -138,7 +139,7 @@ def test_qwen2_sliding_window_follows_max_window_layers(tmp_path: Path) -> None:
     hf = transformers.Qwen2Config(
         **TINY, use_sliding_window=True, sliding_window=16, max_window_layers=2
     )
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.sliding_window == 16
     assert config.layer_types == (FULL_ATTENTION,) * 2 + (SLIDING_ATTENTION,) * 2
     assert list(config.layer_types) == hf.layer_types
@@ -149,13 +150,13 @@ def test_qwen2_sliding_window_is_ignored_unless_enabled(tmp_path: Path) -> None:
     data = _config_json(tmp_path)
     data["sliding_window"] = 16
     data.pop("layer_types")
-    config = ModelConfig.from_hf_dict(data, source="qwen2")
+    config = model_config_from_hf_dict(data, source="qwen2")
     assert (config.sliding_window, config.layer_types) == (None, (FULL_ATTENTION,) * 4)
 
 
 def test_qwen3_head_dim_qk_norm_and_attention_bias(tmp_path: Path) -> None:
     hf = transformers.Qwen3Config(**TINY, head_dim=16, attention_bias=True)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.model_type == "qwen3"
     assert (config.head_dim, config.qk_norm) == (16, True)
     assert (config.qkv_bias, config.o_proj_bias) == (True, True)
@@ -165,16 +166,16 @@ def test_head_dim_null_means_hidden_over_heads(tmp_path: Path) -> None:
     _saved(tmp_path, transformers.Qwen3Config(**TINY))
     data = _config_json(tmp_path)
     data["head_dim"] = None
-    assert ModelConfig.from_hf_dict(data, source="x").head_dim == 8
+    assert model_config_from_hf_dict(data, source="x").head_dim == 8
     del data["head_dim"]
-    assert ModelConfig.from_hf_dict(data, source="x").head_dim == 128
+    assert model_config_from_hf_dict(data, source="x").head_dim == 128
 
 
 def test_num_key_value_heads_null_means_num_attention_heads(tmp_path: Path) -> None:
     _saved(tmp_path, transformers.LlamaConfig(**TINY))
     data = _config_json(tmp_path)
     data["num_key_value_heads"] = None
-    assert ModelConfig.from_hf_dict(data, source="x").num_key_value_heads == 8
+    assert model_config_from_hf_dict(data, source="x").num_key_value_heads == 8
 
 
 def test_qwen3_moe_experts_and_dense_layers(tmp_path: Path) -> None:
@@ -187,7 +188,7 @@ def test_qwen3_moe_experts_and_dense_layers(tmp_path: Path) -> None:
         mlp_only_layers=[0],
         norm_topk_prob=True,
     )
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.is_moe
     assert config.moe is not None
     assert (config.moe.num_experts, config.moe.num_experts_per_tok) == (6, 2)
@@ -202,7 +203,7 @@ def test_qwen3_moe_reads_num_experts_under_either_name(tmp_path: Path) -> None:
     data = _config_json(tmp_path)
     data["num_experts"] = data.pop("num_local_experts")
     data["decoder_sparse_step"] = 2
-    config = ModelConfig.from_hf_dict(data, source="x")
+    config = model_config_from_hf_dict(data, source="x")
     assert config.moe is not None
     assert config.moe.num_experts == 6
     assert config.moe.mlp_layer_types == ("dense", "sparse", "dense", "sparse")
@@ -210,7 +211,7 @@ def test_qwen3_moe_reads_num_experts_under_either_name(tmp_path: Path) -> None:
 
 def test_mixtral_experts_use_intermediate_size(tmp_path: Path) -> None:
     hf = transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.moe is not None
     assert (config.moe.num_experts, config.moe.moe_intermediate_size) == (4, 160)
     assert config.moe.mlp_layer_types == ("sparse",) * 4
@@ -221,7 +222,7 @@ def test_model_type_is_normalized(tmp_path: Path) -> None:
     _saved(tmp_path, transformers.Qwen3MoeConfig(**TINY))
     data = _config_json(tmp_path)
     data["model_type"] = "Qwen3-MoE"
-    assert ModelConfig.from_hf_dict(data, source="x").model_type == "qwen3_moe"
+    assert model_config_from_hf_dict(data, source="x").model_type == "qwen3_moe"
 
 
 def test_mtp_layers_and_quantization_method(tmp_path: Path) -> None:
@@ -229,7 +230,7 @@ def test_mtp_layers_and_quantization_method(tmp_path: Path) -> None:
     data = _config_json(tmp_path)
     data["num_nextn_predict_layers"] = 1
     data["quantization_config"] = {"quant_method": "fp8"}
-    config = ModelConfig.from_hf_dict(data, source="x")
+    config = model_config_from_hf_dict(data, source="x")
     assert config.mtp is not None
     assert config.mtp.num_layers == 1
     assert config.quantization_method == "fp8"
@@ -243,7 +244,7 @@ def glm5_wrapper_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_glm5_next_defaults_from_the_multimodal_wrapper(glm5_wrapper_json: Path) -> None:
-    config = ModelConfig.from_hf_config(glm5_wrapper_json)
+    config = model_config_from_hf_file(glm5_wrapper_json)
     assert config.model_type == "glm5_next"
     assert config.num_hidden_layers == 45
     assert config.num_layers_of_type(SPARSE_ATTENTION) == 11
@@ -286,7 +287,7 @@ def test_glm5_next_text_config_alone(tmp_path: Path) -> None:
         index_topk=32,
         index_kpool=8,
     )
-    config = ModelConfig.from_hf_config(_saved(tmp_path, hf))
+    config = model_config_from_hf_file(_saved(tmp_path, hf))
     assert config.model_type == "glm5_next_text"
     assert config.num_layers_of_type(SPARSE_ATTENTION) == 1
     assert config.dsa is not None
@@ -306,7 +307,7 @@ def test_glm5_next_derived_schedules_and_linear_attn_config(glm5_wrapper_json: P
         num_mtp_layers=1,
         mtp_layer_types=["indexed_attention"],
     )
-    config = ModelConfig.from_hf_dict(text, source="flat")
+    config = model_config_from_hf_dict(text, source="flat")
     assert config.layer_types == (LINEAR_ATTENTION,) * 3 + (SPARSE_ATTENTION,) + (
         LINEAR_ATTENTION,
     ) * 3 + (SPARSE_ATTENTION,)

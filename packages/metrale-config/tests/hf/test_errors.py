@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from metrale_config import ConfigError, ModelConfig, UndeclaredLeverError
+from metrale_config import ConfigError, UndeclaredLeverError, model_config_from_hf_file
 
 LLAMA: dict[str, Any] = {
     "model_type": "llama",
@@ -33,20 +33,20 @@ def _write(tmp_path: Path, data: object) -> Path:
 def _error(data: dict[str, Any], tmp_path: Path) -> str:
     path = _write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
-        ModelConfig.from_hf_config(path)
+        model_config_from_hf_file(path)
     message = str(info.value)
     assert message.startswith(f"config.json at {path}: ")
     return message
 
 
 def test_the_minimal_config_parses(tmp_path: Path) -> None:
-    assert ModelConfig.from_hf_config(_write(tmp_path, LLAMA)).head_dim == 8
+    assert model_config_from_hf_file(_write(tmp_path, LLAMA)).head_dim == 8
 
 
 def test_wrong_type_names_field_file_and_value(tmp_path: Path) -> None:
     path = _write(tmp_path, {**LLAMA, "hidden_size": "576"})
     with pytest.raises(ConfigError) as info:
-        ModelConfig.from_hf_config(path)
+        model_config_from_hf_file(path)
     assert str(info.value) == (
         f"config.json at {path}: field 'hidden_size' must be an integer, got str '576'"
     )
@@ -100,17 +100,17 @@ def test_invalid_json_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text('{"model_type": "llama",')
     with pytest.raises(ConfigError, match=re.escape(f"config.json at {path}: invalid JSON")):
-        ModelConfig.from_hf_config(tmp_path)
+        model_config_from_hf_file(tmp_path)
 
 
 def test_json_that_is_not_an_object(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="must hold a JSON object, got list"):
-        ModelConfig.from_hf_config(_write(tmp_path, [1, 2]))
+        model_config_from_hf_file(_write(tmp_path, [1, 2]))
 
 
 def test_missing_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "config.json"))):
-        ModelConfig.from_hf_config(tmp_path)
+        model_config_from_hf_file(tmp_path)
 
 
 def test_heads_must_divide_by_kv_heads(tmp_path: Path) -> None:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import attrs
 import torch
-
-if TYPE_CHECKING:
-    from metrale_kernels.paged_attention import DecodePlan
 
 T = TypeVar("T")
 
@@ -24,8 +21,9 @@ class AttentionMetadata:
     ``slot_mapping[t]`` is the cache slot (``block * block_size + offset``) token ``t`` writes.
     ``state_slots[i]``, when the step has state kept per sequence rather than paged (linear
     attention, a flat indexer), is the state slot sequence ``i`` reads and updates.
-    Build one per step and share it: :meth:`decode_plan` is cached on it, so every layer
-    reuses the step's paged attention plan.
+    Build one per step and share it: what a backend derives from it once (the paged attention
+    plan, :func:`metrale_kernels.paged_attention.decode_plan`) is cached on it by
+    :meth:`derived`, so every layer reuses it.
     """
 
     slot_mapping: torch.Tensor  # (num_tokens,) int64
@@ -36,24 +34,8 @@ class AttentionMetadata:
     seq_lens: tuple[int, ...]
     block_size: int
     state_slots: torch.Tensor | None = None  # (num_seqs,) int64
-    # Paged attention plans built so far, by sliding window: see ``decode_plan``.
-    _plans: dict[int | None, DecodePlan] = attrs.field(factory=dict, init=False, repr=False)
     # Whatever else a backend derives from the step once for all layers: see ``derived``.
     _derived: dict[Hashable, object] = attrs.field(factory=dict, init=False, repr=False)
-
-    def decode_plan(self, sliding_window: int | None) -> DecodePlan:
-        """The paged attention plan of this step for ``sliding_window``, built on first use.
-
-        Raises ``ValueError`` when ``sliding_window < 1``.
-        """
-        plan = self._plans.get(sliding_window)
-        if plan is None:
-            # Imported here: paged_attention imports this module.
-            from metrale_kernels import paged_attention
-
-            plan = paged_attention.plan_decode(self, sliding_window)
-            self._plans[sliding_window] = plan
-        return plan
 
     def derived(
         self, key: Hashable, build: Callable[[AttentionMetadata, int | None], T], window: int | None

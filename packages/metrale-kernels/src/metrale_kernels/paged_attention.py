@@ -2,7 +2,7 @@
 
 Everything that depends only on the step (which rows decode, how decode rows are grouped,
 which cache blocks each group gathers, the masks) is a :class:`DecodePlan`, built once per
-step and sliding window by :meth:`AttentionMetadata.decode_plan` and shared by every layer;
+step and sliding window by :func:`decode_plan` (cached on the metadata) and shared by every layer;
 a layer only gathers K/V and calls SDPA.
 """
 
@@ -84,11 +84,21 @@ def write_kv(
     v_slots.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def decode_plan(metadata: AttentionMetadata, sliding_window: int | None) -> DecodePlan:
+    """The step's plan for ``sliding_window``, built on first use and cached on ``metadata``:
+    every layer of the step shares it. Raises ``ValueError`` when ``sliding_window < 1``."""
+    return metadata.derived((decode_plan, sliding_window), _plan_decode, sliding_window)
+
+
+def _plan_decode(metadata: AttentionMetadata, sliding_window: int | None) -> DecodePlan:
+    return plan_decode(metadata, sliding_window)  # looked up when called (tests count calls)
+
+
 def plan_decode(metadata: AttentionMetadata, sliding_window: int | None) -> DecodePlan:
     """The step's plan: decode rows grouped, every gather index and mask built.
 
     Pure: reads only ``metadata`` (and ``DECODE_GROUP_TOKENS``). Prefer
-    ``metadata.decode_plan(sliding_window)``, which builds it once per metadata and window.
+    :func:`decode_plan`, which builds it once per metadata and window.
     Raises ``ValueError`` when ``sliding_window < 1``.
     """
     check_sliding_window(sliding_window)
@@ -228,7 +238,7 @@ def paged_attention(
 ) -> torch.Tensor:
     group_size(q.shape[1], k_cache.shape[2])
     check_sliding_window(sliding_window)
-    plan = metadata.decode_plan(sliding_window)
+    plan = decode_plan(metadata, sliding_window)
     if out is None:
         out = torch.empty_like(q)
     for group in plan.decode_groups:

@@ -8,7 +8,12 @@ from typing import Any
 import attrs
 import torch
 
-from metrale_config import ModelConfig, read_gguf_header
+from metrale_config import (
+    ModelConfig,
+    model_config_from_gguf_header,
+    model_config_from_hf_file,
+    read_gguf_header,
+)
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.chat_template import ChatTemplate
 from metrale_model_arch.families.base import CausalLM
@@ -84,8 +89,8 @@ def read_model_config(source: ModelSource, *, without_head: bool = False) -> Mod
     """The config of ``source`` alone (config.json or the GGUF header); no weights are read.
     ``without_head``: as :func:`load_model` builds it without its own head."""
     if source.kind == "gguf":
-        return ModelConfig.from_gguf_header(read_gguf_header(source.path))
-    config = ModelConfig.from_hf_config(source.path)
+        return model_config_from_gguf_header(read_gguf_header(source.path))
+    config = model_config_from_hf_file(source.path)
     return headless_config(config) if without_head else config
 
 
@@ -129,7 +134,7 @@ def load_model(
     device = torch.device(device)
     if source.kind == "gguf":
         header = read_gguf_header(source.path)
-        config = ModelConfig.from_gguf_header(header)
+        config = model_config_from_gguf_header(header)
         model = load_gguf_model(
             header,
             dtype=dtype,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_dict
 
 TINY_LLAMA: dict[str, Any] = {
     "model_type": "llama",
@@ -28,7 +28,7 @@ def glm5_next_config(**text_overrides: Any) -> ModelConfig:
     transformers = pytest.importorskip("transformers")
     data = transformers.Glm5NextConfig().to_dict()
     data["text_config"] = {**data["text_config"], **text_overrides}
-    return ModelConfig.from_hf_dict(data, source="Glm5NextConfig()")
+    return model_config_from_hf_dict(data, source="Glm5NextConfig()")
 
 
 @pytest.fixture(scope="session")
@@ -44,4 +44,4 @@ def glm5_next_with_mtp() -> ModelConfig:
 
 @pytest.fixture(scope="session")
 def tiny_llama() -> ModelConfig:
-    return ModelConfig.from_hf_dict(TINY_LLAMA, source="tiny llama")
+    return model_config_from_hf_dict(TINY_LLAMA, source="tiny llama")

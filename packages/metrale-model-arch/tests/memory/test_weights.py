@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_dict
 from metrale_model_arch.memory.weights import (
     EMBEDDINGS,
     LAYERS,
@@ -164,7 +164,7 @@ def plan_and_model(case: tuple[str, str, dict[str, Any]]) -> tuple[ModelConfig, 
     hf_config = getattr(transformers, config_class)(**{**SMALL, **kwargs})
     with torch.device("meta"):
         model = getattr(transformers, model_class)(hf_config)
-    config = ModelConfig.from_hf_dict(hf_config.to_dict(), source=f"{config_class} {kwargs}")
+    config = model_config_from_hf_dict(hf_config.to_dict(), source=f"{config_class} {kwargs}")
     return config, model
 
 
@@ -205,7 +205,7 @@ def test_glm5_next_weight_bytes_equal_transformers(
     )
     with torch.device("meta"):
         model = transformers.Glm5NextForConditionalGeneration(hf_config)
-    config = ModelConfig.from_hf_dict(hf_config.to_dict(), source=f"glm5_next {text_kwargs}")
+    config = model_config_from_hf_dict(hf_config.to_dict(), source=f"glm5_next {text_kwargs}")
 
     # The vision tower (``model.visual.*``) is outside the plan.
     text_and_head = (
@@ -224,7 +224,7 @@ def test_glm5_next_text_weight_bytes_equal_text_model_and_head() -> None:
     with torch.device("meta"):
         text_model = transformers.Glm5NextTextModel(hf_config)
         head = torch.nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
-    config = ModelConfig.from_hf_dict(hf_config.to_dict(), source="glm5_next_text small")
+    config = model_config_from_hf_dict(hf_config.to_dict(), source="glm5_next_text small")
 
     expected = hf_bytes_by_owner(("model." + n, p) for n, p in checkpoint_tensors(text_model))
     expected[LM_HEAD] = head.weight.numel() * head.weight.element_size()
@@ -237,7 +237,7 @@ def test_glm5_next_float32_parameters_are_the_layers_fp32() -> None:
     hf_config = transformers.Glm5NextTextConfig(**SMALL_GLM5_NEXT)
     with torch.device("meta"):
         text_model = transformers.Glm5NextTextModel(hf_config)
-    config = ModelConfig.from_hf_dict(hf_config.to_dict(), source="glm5_next_text small")
+    config = model_config_from_hf_dict(hf_config.to_dict(), source="glm5_next_text small")
 
     fp32 = {n: p.numel() for n, p in checkpoint_tensors(text_model) if p.dtype == torch.float32}
     assert all(weight_owner("model." + name) == LAYERS for name in fp32)
@@ -246,7 +246,7 @@ def test_glm5_next_float32_parameters_are_the_layers_fp32() -> None:
 
 def test_glm5_next_default_config_has_313b_parameters() -> None:
     # transformers' default GLM-5.3 text stack (45 layers, 288 experts) plus an untied head.
-    config = ModelConfig.from_hf_dict(
+    config = model_config_from_hf_dict(
         transformers.Glm5NextConfig().to_dict(), source="Glm5NextConfig()"
     )
     counts = param_counts(config)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from metrale_bench.server_process import ServerProcess
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_model_arch.memory.seq_state_reserve import per_sequence_state_bytes
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 from metrale_server import Engine, EngineArgs
@@ -54,7 +54,7 @@ def test_met_serve_answers_openai_with_the_flat_indexer_as_planned(tiny_glm5_dir
     assert completion.choices[0].finish_reason == "length"
     assert chat.choices[0].message.role == "assistant"
     assert chat.usage.completion_tokens > 0
-    seed = per_sequence_state_bytes(ModelConfig.from_hf_config(tiny_glm5_dir), MAX_SEQ_LEN, False)
+    seed = per_sequence_state_bytes(model_config_from_hf_file(tiny_glm5_dir), MAX_SEQ_LEN, False)
     expected = seed.for_batch(MAX_BATCH_SIZE)
     assert expected > 0
     assert memory["ledger_by_owner"][PER_SEQUENCE_STATE] == expected

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_model_arch import read_model_config, resolve_model
 from metrale_model_arch.memory import KV_POOL, PER_SEQUENCE_STATE, MemoryPlanError
 from metrale_server import EngineArgs
@@ -179,7 +179,7 @@ def test_a_tiny_model_dir_plan_equals_the_plan_functions(
     plan = memory_json(runner, str(tiny_model_dir), *flags)
     expected = plan_engine_memory(
         EngineArgs(model=str(tiny_model_dir), max_seq_len=128, max_batch_size=3),
-        ModelConfig.from_hf_config(tiny_model_dir),
+        model_config_from_hf_file(tiny_model_dir),
         device=CPU,
         dtype=torch.bfloat16,
     )

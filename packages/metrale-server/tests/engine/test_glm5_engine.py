@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_model_arch.memory import KV_POOL
 from metrale_model_arch.memory.seq_state_reserve import per_sequence_state_bytes
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
@@ -118,7 +118,7 @@ def test_ledger_equals_plan_and_the_seed_formula(
     )
     live = engine.ledger.live_bytes_by_owner()
     assert live == engine.plan.allocated_by_owner()
-    config = ModelConfig.from_hf_config(tiny_glm5_dir)
+    config = model_config_from_hf_file(tiny_glm5_dir)
     seed = per_sequence_state_bytes(config, MAX_SEQ_LEN, False, indexer_paged=not flat)
     # Two DSA layers; each flat indexer row is 16 float32 values and a flag byte; pools of 4.
     assert seed.target_layers == (2 * MAX_SEQ_LEN * (16 * 4 + 1) if flat else 0)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_model_arch import Tokenizer, load_model
 from metrale_model_arch.memory import BUFFER_ARENA, KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
 from metrale_server import Engine, EngineArgs
@@ -232,7 +232,7 @@ def test_ledger_equals_plan_by_owner(
     quantization: str,
 ) -> None:
     path, hf_fp32_weights = family_dirs[family]
-    config = ModelConfig.from_hf_config(path)
+    config = model_config_from_hf_file(path)
     for field, expected in FAMILIES[family][3].items():
         assert getattr(config, field) == expected, field
     engine = Engine(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import model_config_from_hf_file
 from metrale_model_arch import load_model
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server import EngineArgs
@@ -41,7 +41,7 @@ def tiny_args(model_dir: Path, **fields: object) -> EngineArgs:
 def tiny_plan(model_dir: Path, total_bytes: int | None = None, **fields: object) -> MemoryPlan:
     return plan_engine_memory(
         tiny_args(model_dir, **fields),
-        ModelConfig.from_hf_config(model_dir),
+        model_config_from_hf_file(model_dir),
         device=CPU,
         dtype=torch.float32,
         total_bytes=total_bytes,
@@ -61,7 +61,7 @@ def test_cpu_total_is_the_host_total() -> None:
 
 
 def test_plan_inputs_come_from_the_args_and_the_config(tiny_model_dir: Path) -> None:
-    config = ModelConfig.from_hf_config(tiny_model_dir)
+    config = model_config_from_hf_file(tiny_model_dir)
     args = tiny_args(
         tiny_model_dir, gpu_memory_utilization=0.5, max_batch_size=None, max_batch_tokens=300
     )
@@ -85,7 +85,7 @@ def test_plan_inputs_come_from_the_args_and_the_config(tiny_model_dir: Path) -> 
 def test_the_indexer_lever_selects_flat_or_paged(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = ModelConfig.from_hf_config(tiny_model_dir)
+    config = model_config_from_hf_file(tiny_model_dir)
     args = tiny_args(tiny_model_dir)
     monkeypatch.delenv("METRALE_GLM_DSA_INDEXER_FLAT", raising=False)
     assert plan_inputs(args, config, device=CPU, dtype=torch.float32).indexer_paged is True
@@ -153,7 +153,7 @@ def test_the_pool_is_clamped_to_what_the_slots_can_use(tiny_model_dir: Path) -> 
 
 def test_the_boot_log_has_a_line_per_owner_and_the_kv_line(tiny_model_dir: Path) -> None:
     plan = tiny_plan(tiny_model_dir, max_batch_size=8)
-    config = ModelConfig.from_hf_config(tiny_model_dir)
+    config = model_config_from_hf_file(tiny_model_dir)
     lines = plan_log_lines(plan, config)
     for start in (
         "Weights (",
@@ -184,7 +184,7 @@ def test_the_boot_log_has_a_line_per_owner_and_the_kv_line(tiny_model_dir: Path)
 
 def test_the_boot_log_says_what_auto_picked(tiny_model_dir: Path) -> None:
     plan = tiny_plan(tiny_model_dir, max_batch_size=None, max_seq_len=64)
-    lines = plan_log_lines(plan, ModelConfig.from_hf_config(tiny_model_dir))
+    lines = plan_log_lines(plan, model_config_from_hf_file(tiny_model_dir))
     (auto,) = [line for line in lines if line.startswith("--max-batch-size auto:")]
     assert f"{plan.max_batch_size} slot(s)" in auto
     assert "--max-seq-len=64" in auto
@@ -222,7 +222,7 @@ def test_every_flag_the_preflight_names_is_a_serve_option(tiny_model_dir: Path) 
     probe = tiny_plan(tiny_model_dir, total_bytes=64 * GIB)
     texts = plan_log_lines(
         tiny_plan(tiny_model_dir, max_batch_size=None, max_seq_len=64),
-        ModelConfig.from_hf_config(tiny_model_dir),
+        model_config_from_hf_file(tiny_model_dir),
     )
     refusals = {
         "weights": {"total_bytes": probe.pre_kv_bytes - 1},

@@ -15,7 +15,13 @@ import gguf
 import numpy as np
 import torch
 
-from metrale_config import GgufHeader, GgufTensorInfo, ModelConfig, read_gguf_header
+from metrale_config import (
+    GgufHeader,
+    GgufTensorInfo,
+    ModelConfig,
+    model_config_from_gguf_header,
+    read_gguf_header,
+)
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
@@ -49,7 +55,7 @@ def read_gguf_weights(
     the file (``ConfigError`` for the header, :class:`CheckpointError` for the tensors).
     """
     header = read_gguf_header(path)
-    config = ModelConfig.from_gguf_header(header)
+    config = model_config_from_gguf_header(header)
     return config, iter_gguf_weights(header, config)
 
 
@@ -100,7 +106,7 @@ def load_gguf_model(
     dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
     ``quantization``), with a progress bar on a terminal."""
     header = gguf_file if isinstance(gguf_file, GgufHeader) else read_gguf_header(gguf_file)
-    config = ModelConfig.from_gguf_header(header)
+    config = model_config_from_gguf_header(header)
     num_tensors = sum(tensor.name not in SKIPPED_GGUF_TENSORS for tensor in header.tensors)
     with load_progress(
         num_tensors, f"Loading {Path(header.path).name}", on_progress=on_progress

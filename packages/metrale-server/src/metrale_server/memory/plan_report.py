@@ -15,7 +15,7 @@ import attrs
 import click
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_file
 from metrale_model_arch import Quantization, headless_config, read_model_config, resolve_model
 from metrale_model_arch.memory import (
     MemoryPlan,
@@ -39,7 +39,7 @@ GIB = 2**30
 
 def read_config(model: str | None) -> ModelConfig:
     if model is not None and Path(model).is_file() and Path(model).suffix == ".json":
-        return ModelConfig.from_hf_config(model)
+        return model_config_from_hf_file(model)
     return read_model_config(resolve_model(model))
 
 
