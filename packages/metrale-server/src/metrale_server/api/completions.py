@@ -76,6 +76,7 @@ def completion_body(
         raise_if_failed(final)
         prefix = echo_text(state, prompt) if request.is_echo else ""
         echoed = _echoed_logprobs(state, request, prompt, final)
+        prompt_fields = _prompt_logprobs_fields(state, request, final)
         for output in final.outputs:
             logprobs = None
             if request.num_logprobs is not None:
@@ -84,14 +85,16 @@ def completion_body(
                 )
                 if echoed is not None:
                     logprobs = joined_logprobs(echoed, logprobs)
-            choice = {
-                "index": index * request.n + output.index,
-                "text": prefix + output.text,
-                "logprobs": logprobs,
-                "finish_reason": output.finish_reason,
-                "stop_reason": output.stop_reason,
-            }
-            choices.append(_with_prompt_logprobs(state, request, choice, final))
+            choices.append(
+                {
+                    "index": index * request.n + output.index,
+                    "text": prefix + output.text,
+                    "logprobs": logprobs,
+                    "finish_reason": output.finish_reason,
+                    "stop_reason": output.stop_reason,
+                    **prompt_fields,
+                }
+            )
     return header.body(choices, usage=usage_body(request.prompts, finals))
 
 
@@ -105,16 +108,14 @@ def _echoed_logprobs(
     return echo_logprobs(prompt.token_ids, output.prompt_logprobs, state.token_texts)
 
 
-def _with_prompt_logprobs(
-    state: ServerState, request: CompletionRequest, choice: dict[str, Any], output: RequestOutput
+def _prompt_logprobs_fields(
+    state: ServerState, request: CompletionRequest, output: RequestOutput
 ) -> dict[str, Any]:
-    """The choice with vLLM's ``prompt_logprobs`` when the request asked for them."""
+    """vLLM's ``prompt_logprobs`` for each of the prompt's choices, when the request asked
+    for them (built once per prompt: its ``n`` choices share them)."""
     if request.num_prompt_logprobs is None or output.prompt_logprobs is None:
-        return choice
-    return {
-        **choice,
-        "prompt_logprobs": prompt_logprobs_body(output.prompt_logprobs, state.token_texts),
-    }
+        return {}
+    return {"prompt_logprobs": prompt_logprobs_body(output.prompt_logprobs, state.token_texts)}
 
 
 async def completion_events(
@@ -145,16 +146,14 @@ async def completion_events(
             if index not in prompt_sent and output.prompt_logprobs is not None:
                 prompt_sent.add(index)  # one chunk per choice, before its first tokens
                 prompt = request.prompts[index]
-                prefix = "" if echo_at_once or not request.is_echo else echo_text(state, prompt)
+                echoed_text = echo_text(state, prompt) if request.is_echo else ""
+                prefix = "" if echo_at_once else echoed_text
                 echoed = _echoed_logprobs(state, request, prompt, output)
+                prompt_fields = _prompt_logprobs_fields(state, request, output)
                 for choice in range(index * request.n, (index + 1) * request.n):
-                    progress[choice].text_offset = (
-                        len(echo_text(state, prompt)) if request.is_echo else 0
-                    )
-                    first = _choice(choice, prefix, echoed, None)
-                    yield sse_event(
-                        header.body([_with_prompt_logprobs(state, request, first, output)], **extra)
-                    )
+                    progress[choice].text_offset = len(echoed_text)
+                    first = {**_choice(choice, prefix, echoed, None), **prompt_fields}
+                    yield sse_event(header.body([first], **extra))
             for completion in output.outputs:
                 choice = index * request.n + completion.index
                 sent = progress[choice]
