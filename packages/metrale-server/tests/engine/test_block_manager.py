@@ -399,7 +399,31 @@ def test_preempted_sequence_hits_its_own_prompt_and_output_blocks() -> None:
     manager.check_invariants([a])
 
 
-def test_reset_prefix_cache_forgets_every_key() -> None:
+def test_reset_prefix_cache_keeps_keyed_blocks_a_prefix_of_every_sharer() -> None:
+    # s3 reaches s2's second block through s1's copy of the first; wiping keys of held blocks
+    # would let s2's next commit key that second block behind s3's unkeyed first one.
+    manager = BlockManager(5, 2, enable_prefix_caching=True)
+    s1 = make_seq(1, [0] * 5)
+    manager.allocate(s1)
+    s2 = make_seq(2, [0] * 5)
+    manager.fork(s1, s2)
+    for seq, num_new in [(s1, 2), (s2, 4)]:
+        manager.append_slots(seq, num_new)
+    for seq, num_new in [(s1, 2), (s2, 4)]:
+        seq.num_computed_tokens += num_new
+        manager.commit_computed(seq)
+    s3 = make_seq(3, [0, 0, 0, 0])
+    manager.allocate(s3)
+    assert s3.num_computed_tokens == 3
+    manager.free(s1)
+    manager.reset_prefix_cache()
+    manager.append_slots(s2, 1)
+    s2.num_computed_tokens += 1
+    manager.commit_computed(s2)
+    manager.check_invariants([s2, s3])
+
+
+def test_reset_prefix_cache_drops_what_no_sequence_holds() -> None:
     manager = BlockManager(6, 2, enable_prefix_caching=True)
     a = make_seq(0, [1, 2, 3, 4])
     manager.allocate(a)
@@ -412,16 +436,20 @@ def test_reset_prefix_cache_forgets_every_key() -> None:
     manager.reset_prefix_cache()
     manager.check_invariants([a])
     assert manager.num_free_blocks == 4
+    # b's block is forgotten; a's blocks, still held, are hit.
     c = make_seq(2, [1, 2, 3, 4, 5, 6])
     manager.allocate(c)
-    assert (c.block_table, c.num_computed_tokens) == ([3, 4, 5], 0)
+    assert (c.block_table, c.num_computed_tokens) == ([0, 1, 3], 4)
+    manager.check_invariants([a, c])
 
-    # The running sequence registers its blocks again at its next commit.
-    manager.commit_computed(a)
+    manager.free(a)
+    manager.free(c)
+    manager.reset_prefix_cache()
+    assert manager.num_free_blocks == 6
     d = make_seq(3, [1, 2, 3, 4])
     manager.allocate(d)
-    assert (d.block_table, d.num_computed_tokens) == ([0, 1], 3)
-    manager.check_invariants([a, c, d])
+    assert d.num_computed_tokens == 0
+    manager.check_invariants([d])
 
 
 def test_without_prefix_caching_nothing_is_hit_or_counted() -> None:

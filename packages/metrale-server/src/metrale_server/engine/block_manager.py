@@ -229,13 +229,18 @@ class BlockManager:
         seq.num_computed_tokens = 0
 
     def reset_prefix_cache(self) -> None:
-        """Forget every key: nothing is hit until blocks are committed again.
+        """Drop every cached block that no sequence holds: evictable blocks become free (least
+        recently freed first) and their keys are forgotten. On an idle pool nothing is hit after.
 
-        Evictable blocks become free (least recently freed first). Blocks still referenced
-        lose their keys too; their sequences register them again at their next commit.
+        Blocks still referenced keep their keys: wiping them would let one sharer's next commit
+        key a block behind another sharer's unkeyed one, and keyed blocks must stay a prefix of
+        every table that holds them.
         """
-        self._cached_block_ids.clear()
-        self._block_hashes = [None] * self.num_blocks
+        for block_id in self._evictable_block_ids:
+            block_hash = self._block_hashes[block_id]
+            assert block_hash is not None
+            del self._cached_block_ids[block_hash]
+            self._block_hashes[block_id] = None
         self._free_block_ids.extend(self._evictable_block_ids)
         self._evictable_block_ids.clear()
 
