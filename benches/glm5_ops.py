@@ -2,10 +2,10 @@
 
     python benches/glm5_ops.py [--threads N] [--repeats 3] [--context 4096] [--dtype bfloat16]
 
-The torch references of ``metrale_kernels.kda`` and ``metrale_kernels.dsa``, called directly,
-on random inputs shaped like one layer of GLM-5.3 at ``--context`` tokens (default 4096): the
-baseline later CUDA kernels must beat. Each line is the median of ``--repeats`` timed calls
-after one warm-up call:
+The torch references of ``metrale_kernels.reference.kda`` and
+``metrale_kernels.reference.dsa``, called directly, on random inputs shaped like one layer of
+GLM-5.3 at ``--context`` tokens (default 4096): the baseline later CUDA kernels must beat.
+Each line is the median of ``--repeats`` timed calls after one warm-up call:
 
 * KDA (Hl = 64 heads, d = 128): ``short_conv`` over 3*64*128 channels with K = 4, for a
   prefill of the whole context and for one decode token; ``kda_chunked`` (chunk 64) over a

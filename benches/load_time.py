@@ -24,7 +24,14 @@ import torch
 from bench_host import cpu_line
 
 from metrale_config import model_config_from_gguf_header, read_gguf_header
-from metrale_model_arch import ChatTemplate, Tokenizer, load_gguf_model, load_model, resolve_model
+from metrale_model_arch import (
+    ChatTemplate,
+    LoadOptions,
+    Tokenizer,
+    load_gguf_model,
+    load_model,
+    resolve_model,
+)
 
 
 def time_stages(path: str) -> dict[str, float]:
@@ -34,7 +41,7 @@ def time_stages(path: str) -> dict[str, float]:
     model_config_from_gguf_header(header)
     times["header + config"] = time.perf_counter() - start
     start = time.perf_counter()
-    load_gguf_model(header, dtype=torch.float32, device="cpu")
+    load_gguf_model(header, LoadOptions(dtype=torch.float32, device="cpu"))
     times["dequantize + build"] = time.perf_counter() - start
     start = time.perf_counter()
     tokenizer = Tokenizer.from_gguf_fields(header.fields)
@@ -72,7 +79,9 @@ def main() -> None:
         f"+ tokenizer, median of {args.repeats}"
     )
     ours, times = warm_median(
-        lambda: load_model(None, dtype=torch.float32, device="cpu", quantization="none"),
+        lambda: load_model(
+            None, LoadOptions(dtype=torch.float32, device="cpu", quantization="none")
+        ),
         args.repeats,
     )
     print(

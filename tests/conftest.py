@@ -1,12 +1,7 @@
-"""Fixtures shared by the cross-package tests: the default tokenizer and tiny random Llamas."""
+"""Fixtures of the cross-package tests: tiny random Llamas and MoE models (the default tokenizer
+and ``tiny_model_factory`` come from the shared ``metrale_testing`` plugin)."""
 
 from __future__ import annotations
-
-import os
-
-# Engines built here (and servers started from here) stay eager: a test that wants the
-# compiled layer steps asks for them with enforce_eager=False.
-os.environ.setdefault("METRALE_ENFORCE_EAGER", "1")
 
 import json
 from collections.abc import Callable
@@ -14,43 +9,13 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+from metrale_testing import build_native_ops_first as pytest_sessionstart  # noqa: F401
+from metrale_testing import save_random_model, save_tiny_llama, stay_eager
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 
-from metrale_config import read_gguf_header
-from metrale_model_arch import Tokenizer, resolve_model
+from metrale_model_arch import Tokenizer
 
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the native CPU ops before any test, so every engine loads them at start (a build
-    racing the first tests would swap kernels mid-run)."""
-    del session
-    from metrale_kernels.native import load_native_ops_if_possible
-
-    load_native_ops_if_possible()  # else the reference ops serve; the cpu backend's tests say why
-
-
-@pytest.fixture(scope="session")
-def default_tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf_fields(read_gguf_header(resolve_model(None).path).fields)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_factory(
-    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
-) -> Callable[[int], Path]:
-    """Saves (once per context length) a 2-layer random Llama over SmolLM2's vocabulary, with
-    that tokenizer and no chat template (so ChatML applies)."""
-    saved: dict[int, Path] = {}
-
-    def tiny_model_dir(max_positions: int) -> Path:
-        if max_positions not in saved:
-            path = tmp_path_factory.mktemp(f"tiny-llama-{max_positions}")
-            save_tiny_llama(path, default_tokenizer, max_positions)
-            default_tokenizer.save(path)
-            saved[max_positions] = path
-        return saved[max_positions]
-
-    return tiny_model_dir
+stay_eager()
 
 
 @pytest.fixture(scope="session")
@@ -76,30 +41,8 @@ def tiny_byte_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def save_tiny_llama(path: Path, tokenizer: Tokenizer, max_positions: int) -> None:
-    """A 2-layer random Llama over ``tokenizer``'s vocabulary, saved as safetensors."""
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
-
-
-# model_type -> (transformers config class, model class, config fields beyond the shared ones)
+# model_type -> (transformers config class, model class, config fields beyond those
+# ``save_random_model`` sets)
 TINY_MOE_FAMILIES: dict[str, tuple[str, str, dict[str, object]]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
@@ -119,6 +62,7 @@ TINY_MOE_FAMILIES: dict[str, tuple[str, str, dict[str, object]]] = {
         "MixtralConfig",
         "MixtralForCausalLM",
         {
+            "head_dim": None,  # transformers derives it: 64 / 4
             "intermediate_size": 48,
             "num_local_experts": 8,
             "num_experts_per_tok": 2,
@@ -138,34 +82,11 @@ def tiny_moe_factory(
     saved: dict[str, Path] = {}
 
     def tiny_moe_dir(model_type: str) -> Path:
-        if model_type in saved:
-            return saved[model_type]
-        import torch
-        import transformers
-
-        config_name, model_name, extra = TINY_MOE_FAMILIES[model_type]
-        path = tmp_path_factory.mktemp(f"tiny-{model_type}")
-        config = getattr(transformers, config_name)(
-            vocab_size=default_tokenizer.vocab_size,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            rms_norm_eps=1e-5,
-            bos_token_id=default_tokenizer.bos_token_id,
-            eos_token_id=default_tokenizer.eos_token_id,
-            **extra,
-        )
-        model = getattr(transformers, model_name)(config)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                noise = torch.randn(param.shape, generator=generator)
-                param.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
-        model.save_pretrained(path, safe_serialization=True)
-        default_tokenizer.save(path)
-        saved[model_type] = path
-        return path
+        if model_type not in saved:
+            config_name, model_name, extra = TINY_MOE_FAMILIES[model_type]
+            path = tmp_path_factory.mktemp(f"tiny-{model_type}")
+            save_random_model(path, default_tokenizer, config_name, model_name, **extra)
+            saved[model_type] = path
+        return saved[model_type]
 
     return tiny_moe_dir

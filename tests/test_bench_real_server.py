@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from metrale_testing import served
 
 from metrale_bench.cli import bench
 from metrale_bench.records import BenchRecord, read_record
@@ -31,7 +32,7 @@ def server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     logs = tmp_path_factory.mktemp("bench-serve")
-    process = ServerProcess.start(
+    with served(
         [
             str(tiny_model_dir),
             "--served-model-name",
@@ -41,14 +42,10 @@ def server(
             "256",
             "--enable-prefix-caching",
         ],
-        log_path=logs / "server.log",
-    )
-    try:
-        process.wait_ready(timeout_s=120)
+        logs,
+        ready_timeout_s=120,
+    ) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 def _bench(args: list[str], records_dir: Path) -> BenchRecord:

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale_kernels.native import load_native_ops_if_possible
-from metrale_model_arch.families.llama import layer_output, layer_qkv
-from metrale_model_arch.families.native_steps import uses_native_steps
+from metrale_kernels.cpu.native import load_native_ops_if_possible
 from metrale_server import LLM, SamplingParams
 
 # torch.compile imports modules that warn of their own deprecations.
@@ -45,7 +43,7 @@ def test_background_compile_swaps_in_and_decodes_as_eager(
     assert greedy(compiling) == greedy(eager)  # served while (or after) compiling
     assert compiler.wait(timeout=600), compiler.error
     assert compiler.seconds is not None
-    assert compiling.engine.loaded.model.layer_steps != (layer_qkv, layer_output)
+    assert compiling.engine.loaded.model.executor_name == "compiled"
     assert greedy(compiling) == greedy(eager)
 
 
@@ -61,6 +59,6 @@ def test_the_native_segments_decode_as_the_reference_ops(
     }
     reference = LLM(**common, kernel_backend="torch", enforce_eager=True)
     native = LLM(**common, enforce_eager=False)  # no flags: the cpu backend
-    assert uses_native_steps(native.engine.loaded.model)
+    assert native.engine.loaded.model.executor_name == "native"
     assert native.engine.core.compiler is None  # nothing to compile or build
     assert greedy(native) == greedy(reference)

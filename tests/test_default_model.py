@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from metrale_model_arch import LoadedModel, load_model
-from metrale_server import LLM, Engine, EngineArgs, SamplingParams
+from metrale_model_arch import LoadedModel, LoadOptions, load_model
+from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def bundled_gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def ours() -> LoadedModel:
-    return load_model(None, dtype=torch.float32, device=torch.device("cpu"))
+    return load_model(None, LoadOptions(dtype=torch.float32, device=torch.device("cpu")))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_greedy_tokens_match_transformers(
             do_sample=False,
         )
     expected = hf_out[0, len(prompt_ids) :].tolist()
-    llm = LLM.from_engine(Engine(EngineArgs(max_batch_size=1, num_kv_blocks=64), loaded=ours))
+    llm = LLM.from_engine(build_engine(EngineArgs(max_batch_size=1, num_kv_blocks=64), loaded=ours))
     greedy = SamplingParams(temperature=0.0, max_tokens=NUM_GREEDY_TOKENS, ignore_eos=True)
     (output,) = llm.generate([{"prompt_token_ids": prompt_ids}], greedy)
     assert list(output.outputs[0].token_ids) == expected

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_model_arch import LoadedModel, load_model
-from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams
+from metrale_model_arch import LoadedModel, LoadOptions, load_model
+from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams, build_engine
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +44,13 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    return load_model(None, dtype=torch.float32, device="cpu", max_seq_len=512)
+    return load_model(None, LoadOptions(dtype=torch.float32, device="cpu", max_seq_len=512))
 
 
 def run(
     loaded: LoadedModel, prompts: list[str], **engine_args: object
 ) -> tuple[Engine, list[RequestOutput]]:
-    engine = Engine(EngineArgs(**engine_args), loaded=loaded)  # type: ignore[arg-type]
+    engine = build_engine(EngineArgs(**engine_args), loaded=loaded)  # type: ignore[arg-type]
     return engine, LLM.from_engine(engine).generate(prompts, PARAMS)
 
 
@@ -60,7 +60,7 @@ def tokens(outputs: list[RequestOutput]) -> list[tuple[int, ...]]:
 
 @pytest.fixture(scope="module")
 def alone(loaded: LoadedModel) -> list[tuple[int, ...]]:
-    engine = Engine(EngineArgs(max_batch_size=1), loaded=loaded)
+    engine = build_engine(EngineArgs(max_batch_size=1), loaded=loaded)
     llm = LLM.from_engine(engine)
     return [tokens(llm.generate([line], PARAMS))[0] for line in LINES]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from metrale_testing import served
 
 from metrale_bench.server_process import ServerProcess
 
@@ -31,14 +32,8 @@ def capped_server(
         "--max-connections", str(MAX_CONNECTIONS),
         "--no-tui",
     ]  # fmt: skip
-    log = tmp_path_factory.mktemp("cap") / "server.log"
-    process = ServerProcess.start(args, log_path=log)
-    try:
-        process.wait_ready()
+    with served(args, tmp_path_factory.mktemp("cap"), ready_timeout_s=120) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 def get_health(connection: socket.socket) -> bytes:

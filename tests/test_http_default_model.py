@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 import torch
+from metrale_testing import served
 
 from metrale_bench.server_process import ServerProcess
 from metrale_kernels import cpu_features
@@ -22,16 +23,12 @@ CAPITAL_QUESTION = [{"role": "user", "content": "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = ServerProcess.start(
+    with served(
         ["--device", "cpu", "--max-seq-len", "2048", "--num-kv-blocks", "256"],
-        log_path=tmp_path_factory.mktemp("serve") / "server.log",
-    )
-    try:
-        process.wait_ready(timeout_s=180)
+        tmp_path_factory.mktemp("serve"),
+        ready_timeout_s=180,
+    ) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 @pytest.fixture(scope="module")

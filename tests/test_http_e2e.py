@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from metrale_testing import served
 
 from metrale_bench.server_process import ServerProcess
 from metrale_model_arch import Tokenizer
@@ -44,7 +45,7 @@ def server(
     files = tmp_path_factory.mktemp("serve-files")
     (files / "keys.txt").write_text(f"key-one\n\n  {API_KEY}  \n")
     (files / "chat.jinja").write_text(CHAT_TEMPLATE)
-    process = ServerProcess.start(
+    with served(
         [
             str(tiny_model_dir),
             "--served-model-name",
@@ -64,14 +65,10 @@ def server(
             "--chat-template",
             str(files / "chat.jinja"),
         ],
-        log_path=files / "server.log",
-    )
-    try:
-        process.wait_ready(timeout_s=120)
+        files,
+        ready_timeout_s=120,
+    ) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 @pytest.fixture(scope="module")

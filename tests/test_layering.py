@@ -1,9 +1,12 @@
-"""Each package imports only the layers DESIGN.md allows, declares the siblings it imports,
-and has no import cycle among its own modules."""
+"""Each package imports only the layers DESIGN.md allows, declares the siblings and the
+third-party distributions it imports, and has no import cycle among its own modules."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -70,6 +73,91 @@ def test_sibling_imports_are_declared_dependencies(package: str) -> None:
     for sibling, module in PACKAGES.items():
         if module != own and module in imports:
             assert sibling in declared, f"{package} imports {module} but does not declare {sibling}"
+
+
+# Imports a package makes of what only a declared dependency brings (each with why it is safe);
+# a new entry wants a reason as good, or the dependency declared.
+TRANSITIVE_IMPORTS = {
+    # Only the cupy backend (cuda/launch.py) imports numpy, and cupy requires numpy.
+    "metrale-kernels": {"numpy"},
+}
+
+
+def _distribution(requirement: str) -> tuple[str, list[str]]:
+    """A requirement's normalized distribution name, and the extras it asks for."""
+    match = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", requirement)
+    assert match is not None, requirement
+    extras = [extra.strip() for extra in (match[2] or "").split(",") if extra.strip()]
+    return re.sub(r"[-_.]+", "-", match[1]).lower(), extras
+
+
+def declared_distributions(package: str) -> set[str]:
+    """The distributions ``package`` declares: required, in any extra, and in the extras of
+    siblings it asks for (``metrale-model-arch[hub]``)."""
+    project = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
+    project = project["project"]
+    requirements = [*project["dependencies"]]
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements += extra
+    declared: set[str] = set()
+    for requirement in requirements:
+        name, extras = _distribution(requirement)
+        declared.add(name)
+        if name in PACKAGES and extras:
+            sibling = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())
+            for extra in extras:
+                for nested in sibling["project"]["optional-dependencies"][extra]:
+                    declared.add(_distribution(nested)[0])
+    return declared
+
+
+def undeclared_imports(
+    imports: dict[str, set[str]],
+    own_module: str,
+    declared: set[str],
+    providers: dict[str, list[str]],
+) -> dict[str, list[str]]:
+    """Top-level modules imported that are neither the standard library, the package itself,
+    nor provided by a declared distribution (a module not installed here counts when a declared
+    distribution is named after it: ``cupy`` for ``cupy-cuda12x``)."""
+    bad: dict[str, list[str]] = {}
+    for module, files in imports.items():
+        if module in sys.stdlib_module_names or module in ("__future__", own_module):
+            continue
+        names = {_distribution(dist)[0] for dist in providers.get(module, [])}
+        if not names:
+            stem = _distribution(module)[0]
+            names = {dist for dist in declared if dist == stem or dist.startswith(stem + "-")}
+        if not names & declared:
+            bad[module] = sorted(files)
+    return bad
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_every_import_is_stdlib_or_a_declared_dependency(package: str) -> None:
+    """What one test environment per package used to prove: the package runs with only what it
+    declares (imports inside functions count too; ``metrale_testing`` is never declared)."""
+    imports = imported_top_levels(ROOT / "packages" / package / "src")
+    providers = importlib.metadata.packages_distributions()
+    bad = undeclared_imports(imports, PACKAGES[package], declared_distributions(package), providers)
+    for module in TRANSITIVE_IMPORTS.get(package, set()):
+        bad.pop(module, None)
+    assert not bad, f"{package} imports what its pyproject.toml does not declare: {bad}"
+
+
+def test_undeclared_import_checker_sees_a_missing_dependency(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(
+        "import os, cupy, attrs\nimport metrale_testing\nfrom metrale_config import x\n"
+    )
+    imports = imported_top_levels(tmp_path, root=tmp_path)
+    providers = {"attrs": ["attrs"], "metrale_config": ["metrale-config"]}
+    declared = {"attrs", "cupy-cuda12x"}
+    assert undeclared_imports(imports, "pkg", declared, providers) == {
+        "metrale_testing": ["a.py"],
+        "metrale_config": ["a.py"],
+    }
+    declared |= {"metrale-config"}
+    assert set(undeclared_imports(imports, "pkg", declared, providers)) == {"metrale_testing"}
 
 
 def test_checker_sees_a_forbidden_import(tmp_path: Path) -> None:
@@ -249,4 +337,20 @@ def test_server_subpackages_import_only_lower_layers() -> None:
                 continue
             if rank[target_part] > rank[part]:
                 violations.append(f"{module} imports {target}")
+    assert not violations, "\n".join(violations)
+
+
+def test_model_families_never_import_the_loaders() -> None:
+    """The loaders build families: the mapping types and name tables the families declare live
+    in ``families``, and ``loading`` sits above it (deferred imports counted)."""
+    source = ROOT / "packages" / "metrale-model-arch" / "src"
+    graph = import_graph(source, deferred=True)
+    below_loading = {"metrale_model_arch.families", "metrale_model_arch.q4_1_blocks"}
+    violations = [
+        f"{module} imports {target}"
+        for module, imported in sorted(graph.items())
+        if any(module == lower or module.startswith(f"{lower}.") for lower in below_loading)
+        for target in sorted(imported)
+        if target.startswith("metrale_model_arch.loading")
+    ]
     assert not violations, "\n".join(violations)

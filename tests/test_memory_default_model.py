@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_model_arch import load_model, read_model_config, resolve_model
+from metrale_model_arch import LoadOptions, load_model, read_model_config, resolve_model
 from metrale_model_arch.memory import KV_POOL, ROPE_TABLE
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def weight_storage_bytes(model: torch.nn.Module) -> int:
     [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "q4")],
 )
 def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None:
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             dtype=dtype,
             quantization=quantization,
@@ -64,12 +64,13 @@ def test_default_model_ledger_equals_plan(dtype: str, quantization: str) -> None
 def test_an_engine_over_the_loaded_default_model_adopts_its_parameters(quantization: str) -> None:
     loaded = load_model(
         None,
-        dtype=torch.float32,
-        device="cpu",
-        max_seq_len=MAX_SEQ_LEN,
-        quantization=quantization,
+        LoadOptions(
+            dtype=torch.float32, device="cpu", max_seq_len=MAX_SEQ_LEN, quantization=quantization
+        ),
     )
-    engine = Engine(EngineArgs(device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=1), loaded)
+    engine = build_engine(
+        EngineArgs(device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=1), loaded
+    )
     live = engine.ledger.live_bytes_by_owner()
     assert live == engine.plan.allocated_by_owner()
     assert "weights.lm_head" not in live  # the tied head is counted once, as the embeddings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metrale_config import model_config_from_hf_file
-from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams
+from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams, build_engine
 
 MODEL_TYPES = ("qwen3_moe", "mixtral")
 PROMPTS = [
@@ -36,7 +36,7 @@ def generate(
         max_seq_len=MAX_SEQ_LEN,
         **engine_args,  # type: ignore[arg-type]
     )
-    engine = Engine(args)
+    engine = build_engine(args)
     return engine, LLM.from_engine(engine).generate(prompts, PARAMS)
 
 

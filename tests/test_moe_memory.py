@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from metrale_config import ModelConfig, model_config_from_hf_file
 from metrale_model_arch.memory import BUFFER_ARENA, KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 
 MAX_SEQ_LEN = 64
 BLOCK_SIZE = 16
@@ -57,7 +57,7 @@ def test_ledger_equals_plan_by_owner(
     config = model_config_from_hf_file(path)
     assert config.model_type == model_type
     assert config.moe is not None
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(path),
             dtype=dtype,

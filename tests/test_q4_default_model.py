@@ -4,7 +4,7 @@ and a perplexity within 1% of float32's.
 
 q4 (:mod:`metrale_model_arch.weight_format`) keeps the projections' Q4_1 blocks, so its weights
 are float32's exactly; what differs is that each projection's input is written as two int8
-digits (:func:`metrale_kernels.int8_matmul.two_digit_rows`: off by at most ``s / 508`` per
+digits (:func:`metrale_kernels.reference.int8_matmul.two_digit_rows`: off by at most ``s / 508`` per
 element, ``s = max|x| / 127`` of its row), and that the embeddings and the (tied) head are
 int8 per row (off by at most half a step ``sw / 2`` per weight). The bounds here follow from
 that alone, plus float32 rounding bounded as for any dot product of length ``K`` in any order
@@ -32,9 +32,20 @@ import torch
 from torch import nn
 
 from metrale_kernels import build_attention_metadata, dequantize_q4
-from metrale_kernels.int8_matmul import DIGIT_BASE, INT8_MAX, error_bound, quantize_per_row
-from metrale_kernels.q4_matmul import Q4_BLOCK, Q4_LEVELS, block_scales
-from metrale_model_arch import LlamaForCausalLM, LoadedModel, allocate_kv_cache, load_model
+from metrale_kernels.reference.int8_matmul import (
+    DIGIT_BASE,
+    INT8_MAX,
+    error_bound,
+    quantize_per_row,
+)
+from metrale_kernels.reference.q4_matmul import Q4_BLOCK, Q4_LEVELS, block_scales
+from metrale_model_arch import (
+    LlamaForCausalLM,
+    LoadedModel,
+    LoadOptions,
+    allocate_kv_cache,
+    load_model,
+)
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.q4_layers import Q4Linear
 
@@ -58,12 +69,12 @@ HEAD_ROWS = 4
 
 @pytest.fixture(scope="module")
 def float32_model() -> LoadedModel:
-    return load_model(None, dtype=torch.float32, quantization="none")
+    return load_model(None, LoadOptions(dtype=torch.float32, quantization="none"))
 
 
 @pytest.fixture(scope="module")
 def q4_model() -> LoadedModel:
-    return load_model(None, dtype=torch.float32, quantization="q4")
+    return load_model(None, LoadOptions(dtype=torch.float32, quantization="q4"))
 
 
 @pytest.fixture(scope="module")

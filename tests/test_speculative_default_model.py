@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from metrale_testing import served
 
 from metrale_bench.server_process import ServerProcess
 from metrale_server import LLM, SamplingParams
@@ -58,7 +59,7 @@ def test_offline_drafts_are_kept_and_greedy_is_unchanged(plain_texts: list[str])
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = ServerProcess.start(
+    with served(
         [
             "--device",
             "cpu",
@@ -69,14 +70,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "--speculative-config",
             '{"method": "ngram", "num_speculative_tokens": 4}',
         ],
-        log_path=tmp_path_factory.mktemp("serve") / "server.log",
-    )
-    try:
-        process.wait_ready(timeout_s=180)
+        tmp_path_factory.mktemp("serve"),
+        ready_timeout_s=180,
+    ) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 def test_served_greedy_is_unchanged(server: ServerProcess, plain_texts: list[str]) -> None:

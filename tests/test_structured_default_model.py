@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from metrale_testing import served
 
 from metrale_bench.server_process import ServerProcess
 
@@ -77,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     directory = tmp_path_factory.mktemp("serve")
     template = directory / "qwen3-like.jinja"
     template.write_text(CHAT_TEMPLATE)
-    process = ServerProcess.start(
+    with served(
         [
             "--device",
             "cpu",
@@ -95,14 +96,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "--reasoning-parser",
             "qwen3",
         ],
-        log_path=directory / "server.log",
-    )
-    try:
-        process.wait_ready(timeout_s=180)
+        directory,
+        ready_timeout_s=180,
+    ) as process:
         yield process
-    finally:
-        exit_code = process.stop(timeout_s=30)
-    assert exit_code == 0, process.log_text()
 
 
 @pytest.fixture(scope="module")

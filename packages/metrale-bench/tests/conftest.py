@@ -10,27 +10,19 @@ chunk ``"tok "`` sent ``TOKEN_DELAY_S`` apart. The model name picks a misbehavio
 
 from __future__ import annotations
 
-import os
-
-# Engines built here (and servers started from here) stay eager: a test that wants the
-# compiled layer steps asks for them with enforce_eager=False.
-os.environ.setdefault("METRALE_ENFORCE_EAGER", "1")
-
 import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
+from metrale_testing import serve_app_in_thread, stay_eager
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from metrale_bench.server_process import free_port
+stay_eager()
 
 FAKE_MODEL = "fake-model"
 TOKEN_DELAY_S = 0.002
@@ -160,37 +152,5 @@ def fake_delays_s() -> tuple[float, float]:
 @pytest.fixture(scope="session")
 def fake_server_url() -> Iterator[str]:
     """The base URL of the fake server, served by Hypercorn on a thread for the session."""
-    port = free_port()
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    config.errorlog = None
-    stopping = threading.Event()
-    ready = threading.Event()
-
-    async def shutdown_trigger() -> None:
-        while not stopping.is_set():
-            await asyncio.sleep(0.02)
-
-    async def main() -> None:
-        task = asyncio.create_task(serve(fake_app(), config, shutdown_trigger=shutdown_trigger))
-        while not task.done():
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.02)
-                continue
-            writer.close()
-            await writer.wait_closed()
-            break
-        ready.set()
-        await task
-
-    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the fake server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stopping.set()
-        thread.join(30)
+    with serve_app_in_thread(fake_app(), error_log=False) as base_url:
+        yield base_url

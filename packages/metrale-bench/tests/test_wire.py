@@ -7,25 +7,7 @@ import pytest
 import metrale_bench
 from metrale_bench.wire import MemoryReport, MemoryReportError
 
-MIB = 1 << 20
-FAKE_MEMORY: dict[str, Any] = {
-    "kv_blocks": 64,
-    "kv_block_bytes": 2 * MIB,
-    "max_batch_size": 8,
-    "budget_bytes": 512 * MIB,
-    "ledger_live_bytes": 300 * MIB,
-    "mem_available_at_start_bytes": 10_000 * MIB,
-    "mem_available_now_bytes": 9_400 * MIB,
-    "rss_anon_bytes": 650 * MIB,
-    "device": "cpu",
-    "total_bytes": 16_000 * MIB,
-    "gpu_memory_utilization": 0.9,
-    "block_size": 16,
-    "max_seq_len": 2048,
-    "kv_bytes_per_token": 128 * 1024,
-    "plan_by_owner": {"weights": 200 * MIB, "kv": 128 * MIB},
-    "ledger_by_owner": {"weights": 172 * MIB, "kv": 128 * MIB},
-}
+from .conftest import FAKE_MEMORY
 
 
 def test_memory_report_round_trips_through_json() -> None:

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from metrale_kernels import AttentionMetadata, build_attention_metadata, get_backend
-from metrale_kernels.paged_attention import plan_decode
+from metrale_kernels.reference.paged_attention import plan_decode
 
 NUM_LAYERS = 30
 BATCH = 64

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from metrale_kernels.native import NativeBuildError, NativeOps, load_native_ops
-from metrale_kernels.native.build import compiler
+from metrale_kernels.cpu.build import compiler
+from metrale_kernels.cpu.native import NativeBuildError, NativeOps, load_native_ops
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

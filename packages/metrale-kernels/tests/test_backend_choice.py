@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metrale_kernels import BackendUnavailableError, TorchBackend, get_backend
-from metrale_kernels.cpu_backend import CpuBackend
+from metrale_kernels.cpu.backend import CpuBackend
 
 HAS_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None
 

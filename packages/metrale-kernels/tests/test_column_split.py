@@ -12,10 +12,10 @@ import torch
 
 from metrale_kernels import ColumnSplit, dequantize_q4, quantize_per_row, quantize_q4
 from metrale_kernels.backend import TorchBackend
-from metrale_kernels.cpu_backend import CpuBackend
-from metrale_kernels.int8_matmul import int8_linear, two_digit_rows
-from metrale_kernels.native import NativeOps
-from metrale_kernels.q4_matmul import q4_linear
+from metrale_kernels.cpu.backend import CpuBackend
+from metrale_kernels.cpu.native import NativeOps
+from metrale_kernels.reference.int8_matmul import int8_linear, two_digit_rows
+from metrale_kernels.reference.q4_matmul import q4_linear
 
 
 class ThreadSplit:

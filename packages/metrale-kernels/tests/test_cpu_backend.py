@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from metrale_kernels import TorchBackend, get_backend, native, quantize_per_row
-from metrale_kernels.cpu_backend import CpuBackend
-from metrale_kernels.native import NativeBuildError, NativeOps
-from metrale_kernels.native_layer_reference import check_layer_ops
-from metrale_kernels.paged_batches import batch_invariance, paged_batch
+from metrale_kernels import TorchBackend, get_backend, quantize_per_row
+from metrale_kernels.cpu import native
+from metrale_kernels.cpu.backend import CpuBackend
+from metrale_kernels.cpu.native import NativeBuildError, NativeOps
+from metrale_kernels.testing.native_layers import check_layer_ops
+from metrale_kernels.testing.paged_batches import batch_invariance, paged_batch
 
 # (heads, kv_heads): group sizes 1, 3 and 4.
 HEAD_LAYOUTS = [(4, 4), (6, 2), (8, 2)]
@@ -182,6 +183,5 @@ def test_native_tests_skip_without_a_compiler_and_fail_on_a_broken_build(
 
 
 def test_the_native_layer_ops_match_the_reference_ops(backend: CpuBackend) -> None:
-    del backend
     for seed in range(3):
-        check_layer_ops(TorchBackend(), seed)
+        check_layer_ops(backend, seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_kernels.cuda.parity import CASES, DTYPES, attention_batch_invariance, run_case
+from metrale_kernels.testing.parity import CASES, DTYPES, attention_batch_invariance, run_case
 
 pytestmark = pytest.mark.gpu
 

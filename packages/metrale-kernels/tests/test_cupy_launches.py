@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from metrale_kernels import TorchBackend, build_attention_metadata
-from metrale_kernels.cuda import backend as cupy_backend
+from metrale_kernels.cuda import launch as cuda_launch
 from metrale_kernels.cuda.backend import CupyBackend
-from metrale_kernels.cuda.parity import CASES, DTYPES, check_case
 from metrale_kernels.cuda.sources import SOURCES_BY_NAME, source_code
-from metrale_kernels.paged_batches import paged_batch
 from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
+from metrale_kernels.testing.paged_batches import paged_batch
+from metrale_kernels.testing.parity import CASES, DTYPES, check_case
 
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void\s+(?:__launch_bounds__\(\w+\)\s+)?'
@@ -91,8 +91,8 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[Launch]:
     ) -> None:
         recorded.append((source, function, grid, block, args, shared_mem_bytes))
 
-    monkeypatch.setattr(cupy_backend, "launch", record)
-    monkeypatch.setattr(cupy_backend, "_on_cuda", lambda tensor: True)
+    monkeypatch.setattr(cuda_launch, "launch", record)
+    monkeypatch.setattr(cuda_launch, "on_cuda", lambda tensor: True)
     return recorded
 
 
@@ -234,7 +234,7 @@ def test_every_parity_case_launches_kernels_and_reaches_no_reference_op(
 def test_a_backend_that_falls_back_fails_the_parity_case(
     launches: list[Launch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cupy_backend, "dtype_suffix", lambda dtype: None)  # no kernel takes it
+    monkeypatch.setattr(cuda_launch, "dtype_suffix", lambda dtype: None)  # no kernel takes it
     result = check_case("rms_norm", torch.float32, _backend(), "cpu")
     assert not launches
     assert result.max_error == 0.0
@@ -244,15 +244,19 @@ def test_a_backend_that_falls_back_fails_the_parity_case(
 
 def test_an_input_without_a_kernel_falls_back_to_the_reference(launches: list[Launch]) -> None:
     x = torch.randn(3, 8, dtype=torch.float64)
-    out = _backend().rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+    weight = torch.ones(8, dtype=torch.float64)
+    out = _backend().rms_norm(x, weight, 1e-6)
     assert not launches
-    torch.testing.assert_close(out, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    torch.testing.assert_close(out, TorchBackend().rms_norm(x, weight, 1e-6), rtol=0, atol=0)
+    # The reference reduces in float32: float64 inputs get float32's precision.
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
 
 
 def test_the_backend_says_which_ops_run_the_reference(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(cupy_backend, "import_cupy", lambda: None)
+    monkeypatch.setattr("metrale_kernels.cuda.backend.import_cupy", lambda: None)
     with caplog.at_level(logging.DEBUG, logger="metrale.kernels"):
         CupyBackend()
     (line,) = [r.getMessage() for r in caplog.records if "torch reference runs" in r.getMessage()]

@@ -215,7 +215,7 @@ def test_sparse_latent_attention_matches_naive(dtype: torch.dtype) -> None:
 
 def test_sparse_latent_attention_many_rows_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows processed a few at a time give the same result as all at once."""
-    from metrale_kernels import dsa
+    from metrale_kernels.reference import dsa
 
     cache, block_table, latents = make_cache(
         seed=4, seq_len=40, block_size=16, rank=8, dtype=torch.float32

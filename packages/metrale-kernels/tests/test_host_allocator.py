@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 _STEPS = """
 import resource
 import torch
-from metrale_kernels.host_allocator import retain_step_memory
+from metrale_kernels.cpu.host_allocator import retain_step_memory
 
 print(retain_step_memory())
 def faults():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from metrale_kernels import TorchBackend, dequantize_rows, int8_linear, quantize_per_row
 from metrale_kernels.cpu_features import CpuFeatures, parse_cpu_flags
-from metrale_kernels.int8_matmul import error_bound, two_digit_rows
+from metrale_kernels.reference.int8_matmul import error_bound, two_digit_rows
 
 FLOAT_SLACK = 1e-4  # float32 rounding of the reference and of the rescaling
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from metrale_kernels.native import NativeBuildError, build
+from metrale_kernels.cpu import build
+from metrale_kernels.cpu.native import NativeBuildError
 
 FAKE_COMPILER = """#!{python}
 import json, os, pathlib, sys, time

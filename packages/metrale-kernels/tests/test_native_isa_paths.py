@@ -17,12 +17,12 @@ from metrale_kernels import cpu_features
 
 CHECK = r"""
 import torch
-from metrale_kernels.native_layer_reference import check_layer_ops
+from metrale_kernels.testing.native_layers import check_layer_ops
 from metrale_kernels import TorchBackend
-from metrale_kernels.cpu_backend import CpuBackend
-from metrale_kernels.native import load_native_ops
-from metrale_kernels.paged_batches import paged_batch
-from metrale_kernels.q4_matmul import dequantize_q4, q4_linear, quantize_q4
+from metrale_kernels.cpu.backend import CpuBackend
+from metrale_kernels.cpu.native import load_native_ops
+from metrale_kernels.testing.paged_batches import paged_batch
+from metrale_kernels.reference.q4_matmul import dequantize_q4, q4_linear, quantize_q4
 
 ops = load_native_ops()
 print(ops.int8_path, ops.q4_path, torch.ops.metrale.q4_mm_path())
@@ -56,7 +56,7 @@ for window in (None, 5):
     args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.3, window)
     torch.testing.assert_close(cpu.paged_attention(*args), TorchBackend().paged_attention(*args),
                                rtol=1e-5, atol=1e-5)
-check_layer_ops(TorchBackend())
+check_layer_ops(cpu)
 """
 
 # (-march, the int8 and q4 paths it builds, the CPU flags it needs)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale_kernels import AttentionMetadata, TorchBackend, build_attention_metadata
-from metrale_kernels import paged_attention as paged_attention_module
+from metrale_kernels.reference import paged_attention as paged_attention_module
 
 HEAD_DIM = 16
 # (heads, kv_heads): group sizes 1, 3 and 4.

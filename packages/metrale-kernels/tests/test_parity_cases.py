@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from metrale_kernels import TorchBackend, pointwise
-from metrale_kernels.cuda.parity import CASES, TOLERANCE, ParityResult, check_case
-from metrale_kernels.paged_batches import paged_batch
+from metrale_kernels import KernelBackend, TorchBackend
+from metrale_kernels.op import kernel
+from metrale_kernels.reference import pointwise
+from metrale_kernels.testing.paged_batches import paged_batch
+from metrale_kernels.testing.parity import CASES, TOLERANCE, ParityResult, check_case
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -47,25 +49,41 @@ def test_a_skewed_kernel_is_reported() -> None:
     assert not ParityResult(case="nan", max_error=float("nan"), tolerance=1.0).is_ok
 
 
-class RmsNormKernel(TorchBackend):
+@kernel(KernelBackend.rms_norm)
+def rms_norm_kernel(
+    backend: KernelBackend,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """An rms_norm "kernel": the reference's arithmetic, not through the reference op."""
-
-    def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return pointwise.rms_norm(x, weight, eps, out=out)
+    return pointwise.rms_norm(x, weight, eps, out=out)
 
 
-class SilentFallback(TorchBackend):
-    """Takes float32 to the reference op, as the cupy backend falls back (``super()``), and
-    says nothing: the result is the reference's. Other dtypes get the "kernel"."""
+class RmsNormKernel(TorchBackend, kernels=[rms_norm_kernel]):
+    pass
 
-    def rms_norm(
-        self, x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return super().rms_norm(x, weight, eps, out=out)
-        return pointwise.rms_norm(x, weight, eps, out=out)
+
+@kernel(KernelBackend.rms_norm)
+def falling_back_rms_norm(
+    backend: KernelBackend,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Takes float32 to the reference op, as the cupy backend falls back; other dtypes get
+    the "kernel". The result is the reference's either way."""
+    if x.dtype == torch.float32:
+        return backend.fallback(KernelBackend.rms_norm, "float32")(x, weight, eps, out=out)
+    return pointwise.rms_norm(x, weight, eps, out=out)
+
+
+class SilentFallback(TorchBackend, kernels=[falling_back_rms_norm]):
+    pass
 
 
 def test_a_kernel_that_matches_passes() -> None:
@@ -96,13 +114,17 @@ def test_an_op_without_a_kernel_fails_the_case(case: str) -> None:
 
 
 def test_a_fallback_inside_a_kernel_is_named_once_per_op() -> None:
-    class TwiceThrough(RmsNormKernel):
-        def add_rms_norm(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            super().add_rms_norm(*args, **kwargs)
-            return super().add_rms_norm(*args, **kwargs)
+    @kernel(KernelBackend.add_rms_norm)
+    def twice_through(
+        backend: KernelBackend, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        backend.fallback(KernelBackend.add_rms_norm, "once")(*args, **kwargs)
+        return backend.fallback(KernelBackend.add_rms_norm, "twice")(*args, **kwargs)
+
+    class TwiceThrough(RmsNormKernel, kernels=[twice_through]):
+        pass
 
     result = check_case("add_rms_norm", torch.float32, TwiceThrough(), "cpu")
-    # The reference add_rms_norm calls self.rms_norm: the backend's kernel, not a fallback.
     assert result.fallbacks == ("add_rms_norm",)
 
 

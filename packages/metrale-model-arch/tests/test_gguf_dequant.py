@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
-from metrale_model_arch.loading.gguf_dequant import dequantize
+from metrale_model_arch.gguf_dequant import dequantize
 
 FORMATS = ["Q8_0", "Q4_0", "Q4_1", "Q6_K"]  # Q6_K: the fallback to gguf.quants
 

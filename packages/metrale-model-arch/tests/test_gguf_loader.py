@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from metrale_config import ConfigError, model_config_from_gguf_header, read_gguf_header
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import CheckpointError
 from metrale_model_arch.loading.gguf_loader import (
     SUPPORTED_GGML_TYPES,
@@ -266,8 +267,10 @@ def test_load_gguf_model_builds_a_model_with_the_file_weights(tmp_path: Path) ->
     path = tmp_path / "model.gguf"
     write_gguf(path, as_gguf(original, Q.F32))
 
-    model = load_gguf_model(path, dtype=torch.float32, device="cpu")
-    from_header = load_gguf_model(read_gguf_header(path), dtype=torch.bfloat16, device="cpu")
+    model = load_gguf_model(path, LoadOptions(dtype=torch.float32, device="cpu"))
+    from_header = load_gguf_model(
+        read_gguf_header(path), LoadOptions(dtype=torch.bfloat16, device="cpu")
+    )
 
     parameters = dict(model.named_parameters())
     header_parameters = dict(from_header.named_parameters())

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from metrale_config import ModelConfig, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM
 from metrale_model_arch.families.glm5_next.dsa_attention import DsaAttention
 from metrale_model_arch.families.glm5_next.kda_attention import KdaAttention
@@ -128,7 +129,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
 
 
 def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> Glm5NextForCausalLM:
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, dtype=dtype, device="cpu")
+    model = load_safetensors_model(
+        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
+    )
     assert isinstance(model, Glm5NextForCausalLM)
     return model
 
@@ -302,7 +305,7 @@ def test_every_checkpoint_prefix_loads_the_same_weights(
     save_file(renamed, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((checkpoint.path / "config.json").read_text())
     reloaded = load_safetensors_model(
-        tmp_path, checkpoint.config, dtype=torch.float32, device="cpu"
+        tmp_path, checkpoint.config, LoadOptions(dtype=torch.float32, device="cpu")
     )
     original = load(checkpoint).state_dict()
     assert reloaded.state_dict().keys() == original.keys()

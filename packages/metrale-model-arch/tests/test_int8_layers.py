@@ -12,7 +12,8 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import quantize_per_row
-from metrale_kernels.int8_matmul import error_bound
+from metrale_kernels.reference.int8_matmul import error_bound
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.llama import LlamaForCausalLM
@@ -30,7 +31,9 @@ def pair(config: ModelConfig, seed: int = 0) -> tuple[LlamaForCausalLM, LlamaFor
     torch.manual_seed(seed)
     weights = {name: t.clone() for name, t in LlamaForCausalLM(config).state_dict().items()}
     built = [
-        build_model(config, weights.items(), dtype=torch.float32, device="cpu", quantization=q)
+        build_model(
+            config, weights.items(), LoadOptions(dtype=torch.float32, device="cpu", quantization=q)
+        )
         for q in (Quantization.NONE, Quantization.INT8)
     ]
     assert all(isinstance(model, LlamaForCausalLM) for model in built)

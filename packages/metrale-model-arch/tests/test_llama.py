@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families import LlamaForCausalLM
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
@@ -114,7 +115,9 @@ def checkpoint(
 
 
 def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, dtype=dtype, device="cpu")
+    model = load_safetensors_model(
+        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
+    )
     assert isinstance(model, LlamaForCausalLM)
     return model
 
@@ -255,7 +258,7 @@ def test_parameter_names_are_hf_names_with_fused_projections(tiny_config: ModelC
 def test_build_model_shares_tied_embeddings(tiny_config: ModelConfig) -> None:
     tied = attrs.evolve(tiny_config, tie_word_embeddings=True)
     weights = LlamaForCausalLM(tied).state_dict()
-    model = build_model(tied, weights.items(), dtype=torch.float32, device="cpu")
+    model = build_model(tied, weights.items(), LoadOptions(dtype=torch.float32, device="cpu"))
     assert isinstance(model, LlamaForCausalLM)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert not model.training

@@ -12,9 +12,10 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import KernelBackend
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import CheckpointError, build_model
 from metrale_model_arch.families.base import CausalLM
-from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.registry import ARCHITECTURES, LLAMA
 
 NUM_EXPERTS, HIDDEN, INTER = 3, 4, 2
@@ -81,7 +82,7 @@ def checkpoint() -> dict[str, torch.Tensor]:
 
 def build(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> CausalLM:
     items: Iterator[tuple[str, torch.Tensor]] = iter(tensors.items())
-    return build_model(config, items, dtype=torch.bfloat16, device="cpu")
+    return build_model(config, items, LoadOptions(dtype=torch.bfloat16, device="cpu"))
 
 
 def test_renames_stacks_fuses_and_skips(toy_config: ModelConfig) -> None:

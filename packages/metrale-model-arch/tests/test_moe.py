@@ -20,6 +20,7 @@ from metrale_config import (
     model_config_from_hf_file,
     read_gguf_header,
 )
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.mixtral import MixtralForCausalLM
 from metrale_model_arch.families.moe import MoeForCausalLM, SparseMoeBlock
 from metrale_model_arch.families.qwen3_moe import Qwen3MoeForCausalLM
@@ -144,7 +145,9 @@ def checkpoint(
 
 
 def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> MoeForCausalLM:
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, dtype=dtype, device="cpu")
+    model = load_safetensors_model(
+        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
+    )
     assert isinstance(model, MoeForCausalLM)
     return model
 
@@ -358,7 +361,7 @@ def test_gguf_model_equals_safetensors_model(
     assert gguf_config.tie_word_embeddings == config.tie_word_embeddings
 
     from_safetensors = load(checkpoint)
-    from_gguf = load_gguf_model(gguf_path, dtype=torch.float32, device="cpu")
+    from_gguf = load_gguf_model(gguf_path, LoadOptions(dtype=torch.float32, device="cpu"))
     expected = dict(from_safetensors.named_parameters())
     for name, param in from_gguf.named_parameters():
         torch.testing.assert_close(param, expected[name], rtol=0, atol=0, msg=name)
@@ -375,9 +378,7 @@ def test_int8_weights_are_refused_for_moe_by_name(checkpoint: Checkpoint) -> Non
         load_safetensors_model(
             checkpoint.path,
             checkpoint.config,
-            dtype=torch.float32,
-            device="cpu",
-            quantization=Quantization.INT8,
+            LoadOptions(dtype=torch.float32, device="cpu", quantization=Quantization.INT8),
         )
     with pytest.raises(ValueError, match="int8 weights are not supported"):
         weight_bytes(checkpoint.config, 4, Quantization.INT8)

@@ -12,10 +12,15 @@ import pytest
 import torch
 
 from metrale_config import ModelConfig
-from metrale_kernels.native import load_native_ops_if_possible
+from metrale_kernels.cpu.native import load_native_ops_if_possible
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
-from metrale_model_arch.families.llama import LlamaForCausalLM
-from metrale_model_arch.families.native_steps import can_run_native_steps, uses_native_steps
+from metrale_model_arch.families.llama import EAGER_EXECUTOR, LlamaForCausalLM
+from metrale_model_arch.families.native_steps import (
+    NATIVE_EXECUTOR,
+    can_run_native_steps,
+    native_executor,
+)
 from metrale_model_arch.weight_format import Quantization
 
 if TYPE_CHECKING:
@@ -39,12 +44,14 @@ def build(
     model = build_model(
         config,
         weights.items(),
-        dtype=torch.float32,
-        device="cpu",
-        quantization=quantization,
-        kernel_backend=backend,
+        LoadOptions(
+            dtype=torch.float32, device="cpu", quantization=quantization, kernel_backend=backend
+        ),
     )
     assert isinstance(model, LlamaForCausalLM)
+    executor = native_executor(model)
+    if executor is not None:  # as the engine installs it
+        model.install_executor(executor)
     return model
 
 
@@ -69,8 +76,8 @@ def test_native_steps_give_the_reference_logits(
     weights = LlamaForCausalLM(config).state_dict()
     reference = build(config, weights, "torch", quantization)
     native = build(config, weights, "cpu", quantization)
-    assert not uses_native_steps(reference)
-    assert uses_native_steps(native)
+    assert reference.executor is EAGER_EXECUTOR
+    assert native.executor is NATIVE_EXECUTOR
     runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (reference, native)]
     for step in STEPS:
         expected, got = (run.step(step) for run in runs)
@@ -88,8 +95,8 @@ def test_the_fused_decode_layer_is_the_segments_bit_for_bit(
     weights = LlamaForCausalLM(config).state_dict()
     fused = build(config, weights, "cpu", quantization)
     segments = build(config, weights, "cpu", quantization)
-    assert fused.decode_layer_step is not None
-    segments.decode_layer_step = None
+    assert fused.executor.decode_layer is not None
+    segments.install_executor(attrs.evolve(NATIVE_EXECUTOR, decode_layer=None))
     runs = [paged_runner(model, num_blocks=24, block_size=4) for model in (fused, segments)]
     for step in STEPS:
         a, b = (run.step(step) for run in runs)
@@ -100,7 +107,9 @@ def test_the_fused_decode_layer_is_the_segments_bit_for_bit(
 def test_other_models_keep_their_steps(tiny_config: ModelConfig) -> None:
     torch.manual_seed(0)
     weights = LlamaForCausalLM(tiny_config).state_dict()
-    float_model = build_model(tiny_config, weights.items(), dtype=torch.float32, device="cpu")
+    float_model = build_model(
+        tiny_config, weights.items(), LoadOptions(dtype=torch.float32, device="cpu")
+    )
     assert not can_run_native_steps(float_model)
     reference = build(tiny_config, weights, "torch")
     assert not can_run_native_steps(reference)

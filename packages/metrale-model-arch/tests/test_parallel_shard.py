@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import save_file
 
 from metrale_config import ModelConfig, MoeConfig
-from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
 from metrale_model_arch.loading.safetensors_loader import (
     checkpoint_tensor_names,
     iter_safetensors,
@@ -23,6 +22,7 @@ from metrale_model_arch.parallel import (
     shard_config,
 )
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks
 
 
 def test_two_ranks_hold_half_of_every_split_size(tiny_config: ModelConfig) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import dequantize_q4, quantize_q4
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
 from metrale_model_arch.families.llama import LlamaForCausalLM
@@ -63,10 +64,9 @@ def build(
     model = build_model(
         config,
         weights.items(),
-        dtype=torch.float32,
-        device="cpu",
-        quantization=quantization,
-        kernel_backend="torch",
+        LoadOptions(
+            dtype=torch.float32, device="cpu", quantization=quantization, kernel_backend="torch"
+        ),
     )
     assert isinstance(model, LlamaForCausalLM)
     return model
@@ -183,7 +183,9 @@ def test_the_default_models_q4_1_blocks_are_kept_bit_for_bit() -> None:
     assert source.kind == "gguf"
     _, weights = read_gguf_weights(source.path)
     checkpoint = dict(weights)
-    loaded = load_model(None, dtype=torch.float32, device="cpu", quantization=Quantization.Q4)
+    loaded = load_model(
+        None, LoadOptions(dtype=torch.float32, device="cpu", quantization=Quantization.Q4)
+    )
     model = loaded.model
     assert isinstance(model, LlamaForCausalLM)
     for index, layer in enumerate(model.model.layers):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from metrale_config import ModelConfig, MoeConfig
-from metrale_kernels.native import load_native_ops_if_possible
+from metrale_kernels.cpu.native import load_native_ops_if_possible
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.llama import LlamaForCausalLM
 from metrale_model_arch.registry import architecture_for
@@ -69,10 +70,7 @@ def build(
     model = build_model(
         config,
         weights.items(),
-        dtype=dtype,
-        device="cpu",
-        quantization=quantization,
-        kernel_backend=backend,
+        LoadOptions(dtype=dtype, device="cpu", quantization=quantization, kernel_backend=backend),
     )
     assert isinstance(model, LlamaForCausalLM)
     return model

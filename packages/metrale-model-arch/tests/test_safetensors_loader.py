@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from metrale_config import ModelConfig
+from metrale_model_arch import LoadOptions
 from metrale_model_arch.build import CheckpointError, build_model, column_major_names
 from metrale_model_arch.families import LlamaForCausalLM
 from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
@@ -55,7 +56,7 @@ def assert_loaded(model: LlamaForCausalLM, weights: dict[str, torch.Tensor]) -> 
 
 
 def load(path: Path, config: ModelConfig, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    model = load_safetensors_model(path, config, dtype=dtype, device="cpu")
+    model = load_safetensors_model(path, config, LoadOptions(dtype=dtype, device="cpu"))
     assert isinstance(model, LlamaForCausalLM)
     return model
 
@@ -279,8 +280,7 @@ def test_duplicate_tensor_is_refused(tiny_config: ModelConfig) -> None:
         build_model(
             tiny_config,
             [*weights, ("model.norm.weight", torch.ones(32))],
-            dtype=torch.float32,
-            device="cpu",
+            LoadOptions(dtype=torch.float32, device="cpu"),
         )
 
 

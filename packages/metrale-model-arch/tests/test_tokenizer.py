@@ -81,10 +81,8 @@ def tokenizer(gguf_fields: Mapping[str, Any]) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def transformers_backend() -> tokenizers.Tokenizer:
-    transformers = pytest.importorskip("transformers")
-    reference = transformers.AutoTokenizer.from_pretrained(default_model_dir(), gguf_file=GGUF_NAME)
-    backend: tokenizers.Tokenizer = reference.backend_tokenizer
+def transformers_backend(default_hf_tokenizer: Any) -> tokenizers.Tokenizer:
+    backend: tokenizers.Tokenizer = default_hf_tokenizer.backend_tokenizer
     return backend
 
 

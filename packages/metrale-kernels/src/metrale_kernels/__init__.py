@@ -1,4 +1,5 @@
-"""Metrale ops: a backend base class whose methods are the torch references, and shared helpers."""
+"""Metrale ops: each declared once by its torch reference, served by a backend's kernel or that
+reference; and shared helpers."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ from metrale_kernels.backend import KernelBackend, TorchBackend
 from metrale_kernels.backend_choice import BACKEND_NAMES, BackendUnavailableError, get_backend
 from metrale_kernels.column_split import ColumnSplit
 from metrale_kernels.cpu_features import CpuFeatures, cpu_features
-from metrale_kernels.dsa import (
+from metrale_kernels.reference.dsa import (
     index_scores,
     pool_index_keys,
     select_positions,
     sparse_latent_attention,
 )
-from metrale_kernels.int8_matmul import dequantize_rows, int8_linear, quantize_per_row
-from metrale_kernels.kda import kda_chunked, kda_decode_step, kda_recurrent, short_conv
-from metrale_kernels.moe_experts import fused_moe
-from metrale_kernels.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
-from metrale_kernels.q4_matmul import (
+from metrale_kernels.reference.int8_matmul import dequantize_rows, int8_linear, quantize_per_row
+from metrale_kernels.reference.kda import kda_chunked, kda_decode_step, kda_recurrent, short_conv
+from metrale_kernels.reference.moe_experts import fused_moe
+from metrale_kernels.reference.moe_routing import grouped_sigmoid_topk_routing, softmax_topk_routing
+from metrale_kernels.reference.q4_matmul import (
     Q4_BLOCK,
     Q4_PANEL,
     dequantize_q4,

@@ -22,7 +22,7 @@ class AttentionMetadata:
     ``state_slots[i]``, when the step has state kept per sequence rather than paged (linear
     attention, a flat indexer), is the state slot sequence ``i`` reads and updates.
     Build one per step and share it: what a backend derives from it once (the paged attention
-    plan, :func:`metrale_kernels.paged_attention.decode_plan`) is cached on it by
+    plan, :func:`metrale_kernels.reference.paged_attention.decode_plan`) is cached on it by
     :meth:`derived`, so every layer reuses it.
     """
 

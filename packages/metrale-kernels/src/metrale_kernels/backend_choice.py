@@ -46,8 +46,8 @@ def get_backend(device: torch.device | str, name: str = "auto") -> KernelBackend
 
 
 def _cpu_backend(device: torch.device, *, required: bool) -> KernelBackend:
-    from metrale_kernels.cpu_backend import CpuBackend
-    from metrale_kernels.native.build import NativeBuildError, compiler
+    from metrale_kernels.cpu.backend import CpuBackend
+    from metrale_kernels.cpu.build import NativeBuildError, compiler
 
     if device.type != "cpu":
         raise BackendUnavailableError(f"the cpu kernel backend runs on the CPU, not {device}")

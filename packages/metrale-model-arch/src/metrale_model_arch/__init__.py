@@ -14,6 +14,7 @@ from metrale_model_arch.kv_cache import (
     kv_cache_bytes_per_token,
 )
 from metrale_model_arch.load import LoadedModel, headless_config, load_model, read_model_config
+from metrale_model_arch.load_options import LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model, read_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
@@ -44,6 +45,7 @@ __all__ = [
     "LayerCache",
     "LayerCacheSpec",
     "LlamaForCausalLM",
+    "LoadOptions",
     "LoadedModel",
     "ModelNotFoundError",
     "ModelSource",

@@ -11,8 +11,8 @@ from metrale_config import ModelConfig
 from metrale_model_arch.cache_spec import LayerCacheSpec
 from metrale_model_arch.counts.base import ParamCounts
 from metrale_model_arch.families.base import CausalLM
-from metrale_model_arch.loading.gguf_names import GgufNames
-from metrale_model_arch.loading.mapping import CheckpointMapping
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping
+from metrale_model_arch.families.gguf_names import GgufNames
 
 
 class CacheSpecs(Protocol):

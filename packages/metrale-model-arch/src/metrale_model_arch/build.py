@@ -11,24 +11,23 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import get_backend
-from metrale_model_arch.allocator import TensorAllocator, plain_allocator
+from metrale_model_arch.allocator import TensorAllocator
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
-from metrale_model_arch.families.native_steps import use_native_steps
 from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
 from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
+from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
-from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget
-from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
 from metrale_model_arch.parallel import (
-    TensorShard,
     apply_tensor_parallel,
     apply_tensor_parallel_quantized,
     check_runs_split,
     shard_checkpoint,
     shard_config,
 )
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.registry import architecture_for
 from metrale_model_arch.weight_format import Quantization
 
@@ -102,23 +101,18 @@ class _Coverage:
 def build_model(
     config: ModelConfig,
     weights: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]],
+    options: LoadOptions = DEFAULT_LOAD_OPTIONS,
     *,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    max_seq_len: int | None = None,
-    allocator: TensorAllocator = plain_allocator,
     mapping: CheckpointMapping | None = None,
-    quantization: Quantization = Quantization.NONE,
-    kernel_backend: str = "auto",
-    shard: TensorShard | None = None,
     is_sharded: bool = False,
 ) -> CausalLM:
     """Construct ``config``'s family on the meta device and fill it from ``weights``.
 
-    Each checkpoint tensor goes where the architecture's checkpoint mapping (or ``mapping``)
-    says: into ``param[index]``, converted to ``dtype`` (float32 for ``keep_float32``) on
-    ``device``; a GGUF's Q4_1 blocks (``Q4_1Blocks``) go into a q4 projection as they are,
-    anywhere else dequantized. Unmapped tensors, parameters (or parts of stacked ones) never
+    Every name below without a home is a field of ``options`` (:class:`LoadOptions`). Each
+    checkpoint tensor goes where the architecture's checkpoint mapping (or ``mapping``) says:
+    into ``param[index]``, converted to ``dtype`` (float32 for ``keep_float32``) on ``device``;
+    a GGUF's Q4_1 blocks (``Q4_1Blocks``) go into a q4 projection as they are, anywhere else
+    dequantized. Unmapped tensors, parameters (or parts of stacked ones) never
     written, tensors written twice and misshapen tensors raise :class:`CheckpointError` naming
     them. With ``tie_word_embeddings`` the head shares ``model.embed_tokens.weight`` and a
     ``lm_head.weight`` in ``weights`` is ignored. Each parameter's storage, and the derived
@@ -137,7 +131,8 @@ def build_model(
     model's ops run on ``kernel_backend`` (``metrale_kernels.get_backend``: ``auto``, ``torch``
     or ``cupy``). Returns the model in eval mode, no grads.
     """
-    device = torch.device(device)
+    device, dtype, quantization = options.device, options.dtype, options.quantization
+    shard, allocator, max_seq_len = options.shard, options.allocator, options.max_seq_len
     record = architecture_for(config)
     assert record.module is not None
     assert record.checkpoint_mapping is not None
@@ -151,7 +146,9 @@ def build_model(
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(
-            rank_config, max_seq_len=max_seq_len, backend=get_backend(device, kernel_backend)
+            rank_config,
+            max_seq_len=max_seq_len,
+            backend=get_backend(device, options.kernel_backend),
         )
         if is_split:
             assert shard is not None
@@ -243,8 +240,6 @@ def build_model(
         table = allocator(owner, tuple(buffer.shape), buffer.dtype, device)
         table.copy_(buffer)
         model.get_submodule(module_name).register_buffer(leaf, table, persistent=False)
-    # With the cpu backend's native ops already built, its one-call layer segments serve at once.
-    use_native_steps(model)
     if device.type == "cpu":
         make_float_linears_row_invariant(model, dtype)
     return model.eval()

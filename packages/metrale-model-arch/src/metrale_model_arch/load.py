@@ -14,11 +14,10 @@ from metrale_config import (
     model_config_from_hf_file,
     read_gguf_header,
 )
-from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.chat_template import ChatTemplate
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
-from metrale_model_arch.loading.progress import ProgressObserver
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
 from metrale_model_arch.parallel.shard import TensorShard, shard_config
@@ -103,67 +102,27 @@ def headless_config(config: ModelConfig) -> ModelConfig:
 
 def load_model(
     name: str | None = None,
+    options: LoadOptions = DEFAULT_LOAD_OPTIONS,
     *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    max_seq_len: int | None = None,
     chat_template: ChatTemplate | None = None,
-    allocator: TensorAllocator = plain_allocator,
-    on_progress: ProgressObserver | None = None,
-    quantization: Quantization | str = Quantization.NONE,
-    kernel_backend: str = "auto",
-    shard: TensorShard | None = None,
-    without_head: bool = False,
 ) -> LoadedModel:
-    """Resolve ``name`` (``None``: the default model) and load it; nothing is downloaded.
+    """Resolve ``name`` (``None``: the default model) and load it as ``options`` say
+    (:class:`~metrale_model_arch.LoadOptions`); nothing is downloaded.
 
-    ``max_seq_len`` caps the context (default: the model's ``max_position_embeddings``);
-    ``chat_template`` replaces the model's own. Without either, ChatML is used. Weights and
-    tables are allocated through ``allocator`` (an allocation ledger, in the server);
-    ``on_progress(done, total)`` hears of every checkpoint tensor loaded. ``quantization``
-    ``int8`` stores the embeddings and projections as int8 per row, ``q4`` the projections as
-    4-bit blocks (:mod:`~metrale_model_arch.weight_format`); ``dtype`` is then the activations'
-    and norms'.
-    ``kernel_backend`` (``auto``, ``torch``, ``cupy``) runs the model's ops.
-    ``shard``: load only this rank's part (:mod:`~metrale_model_arch.parallel`).
-    ``without_head``: a model that only ever gives hidden states (an embedding model) has no
-    head of its own (:func:`headless_config`; a GGUF keeps its head).
+    ``chat_template`` replaces the model's own; without either, ChatML is used.
     """
-    quantization = Quantization(quantization)
     source = resolve_model(name)
-    device = torch.device(device)
     if source.kind == "gguf":
         header = read_gguf_header(source.path)
         config = model_config_from_gguf_header(header)
-        model = load_gguf_model(
-            header,
-            dtype=dtype,
-            device=device,
-            max_seq_len=max_seq_len,
-            allocator=allocator,
-            on_progress=on_progress,
-            quantization=quantization,
-            kernel_backend=kernel_backend,
-            shard=shard,
-        )
+        model = load_gguf_model(header, options)
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
             header.fields, special_tokens=tokenizer.special_tokens_map
         )
     else:
-        config = read_model_config(source, without_head=without_head)
-        model = load_safetensors_model(
-            source.path,
-            config,
-            dtype=dtype,
-            device=device,
-            max_seq_len=max_seq_len,
-            allocator=allocator,
-            on_progress=on_progress,
-            quantization=quantization,
-            kernel_backend=kernel_backend,
-            shard=shard,
-        )
+        config = read_model_config(source, without_head=options.without_head)
+        model = load_safetensors_model(source.path, config, options)
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(
             source.path, special_tokens=tokenizer.special_tokens_map
@@ -183,8 +142,8 @@ def load_model(
         model=model,
         tokenizer=tokenizer,
         chat_template=template,
-        dtype=dtype,
-        device=device,
-        quantization=quantization,
-        shard=shard,
+        dtype=options.dtype,
+        device=options.device,
+        quantization=options.quantization,
+        shard=options.shard,
     )

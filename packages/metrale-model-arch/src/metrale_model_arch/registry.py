@@ -12,6 +12,7 @@ from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
@@ -20,7 +21,6 @@ from metrale_model_arch.families.qwen3_moe import (
     qwen3_moe_checkpoint_mapping,
 )
 from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
-from metrale_model_arch.loading.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
 
 LLAMA = Architecture(
     model_type="llama",

@@ -3,18 +3,18 @@
 ``none``: in the serve dtype, as the checkpoint's values (or its dequantized blocks) cast to it.
 ``int8``: int8 with a float32 scale per output channel (per vocabulary row for the embeddings
 and the head), multiplied by activations written as two int8 digits per value
-(:mod:`metrale_kernels.int8_matmul`): a quarter of float32's bytes to stream per token, and the
-CPU's int8 dot products. Norms, biases and the KV cache stay in the serve dtype.
+(:mod:`metrale_kernels.reference.int8_matmul`): a quarter of float32's bytes to stream per
+token, and the CPU's int8 dot products. Norms, biases and the KV cache stay in the serve dtype.
 ``q4``: the layers' projections in 4-bit blocks of 32 with a float16 scale and minimum each
-(GGUF's Q4_1, :mod:`metrale_kernels.q4_matmul`; a Q4_1 GGUF's blocks are kept bit for bit), 5
-bits a weight; the embeddings and the head int8 as above.
+(GGUF's Q4_1, :mod:`metrale_kernels.reference.q4_matmul`; a Q4_1 GGUF's blocks are kept bit
+for bit), 5 bits a weight; the embeddings and the head int8 as above.
 """
 
 from __future__ import annotations
 
 import enum
 
-from metrale_kernels.q4_matmul import Q4_BLOCK, q4_shape_error
+from metrale_kernels.reference.q4_matmul import Q4_BLOCK, q4_shape_error
 
 __all__ = [
     "FLOAT16_BYTES",

@@ -1,4 +1,4 @@
-"""Metrale inference server: the engine (``LLM``, ``AsyncEngine``), HTTP API and CLI.
+"""Metrale inference server: the engine (``LLM``, ``build_engine``, ``AsyncEngine``), API, CLI.
 
 The names below are imported on first use (PEP 562), so ``met --help`` and the start of
 ``met serve`` (which binds its socket before anything loads) do not wait for torch.
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from metrale_server.args import EngineArgs
     from metrale_server.engine.async_engine import AsyncEngine, EngineDeadError
+    from metrale_server.engine.bootstrap import build_engine
     from metrale_server.engine.core import EngineCore, RequestError
     from metrale_server.engine.engine import Engine
     from metrale_server.engine.llm import LLM
@@ -36,6 +37,7 @@ _HOMES = {
     "SamplingParams": "metrale_server.sampling.params",
     "StructuredOutputsParams": "metrale_server.structured.params",
     "TokenLogprob": "metrale_server.output.outputs",
+    "build_engine": "metrale_server.engine.bootstrap",
 }
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputsParams",
     "TokenLogprob",
+    "build_engine",
 ]
 
 

@@ -3,9 +3,7 @@ serving the tiny random Llama through an ``AsyncEngine``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -15,57 +13,14 @@ from typing import Any
 import attrs
 import httpx
 import pytest
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
+from metrale_testing import serve_app_in_thread
 from starlette.applications import Starlette
 
-from metrale_bench.server_process import free_port
-from metrale_server import AsyncEngine, Engine, EngineArgs
+from metrale_server import AsyncEngine, Engine, EngineArgs, build_engine
 from metrale_server.api import ServerState, create_app
 from metrale_server.cli.serve_runtime import freeze_heap
 
 MODEL_NAME = "tiny-llama"
-
-
-@contextmanager
-def serve_in_thread(app: Starlette) -> Iterator[str]:
-    """Run ``app`` under Hypercorn until the block exits; yields the base URL."""
-    port = free_port()
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    config.graceful_timeout = 2.0
-    started = threading.Event()
-    control: dict[str, Any] = {}
-
-    def run() -> None:
-        async def main() -> None:
-            stop = asyncio.Event()
-            control["loop"], control["stop"] = asyncio.get_running_loop(), stop
-            started.set()
-            await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
-
-        asyncio.run(main())
-
-    thread = threading.Thread(target=run, name="test-hypercorn", daemon=True)
-    thread.start()
-    started.wait(10)
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            if httpx.get(f"{base_url}/health/live", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the test server did not come up")
-        time.sleep(0.05)
-    try:
-        yield base_url
-    finally:
-        control["loop"].call_soon_threadsafe(control["stop"].set)
-        thread.join(15)
 
 
 @attrs.define
@@ -153,8 +108,7 @@ def running_server(
     fields read when the app is made (``allowed_origins``)."""
     async_engine = AsyncEngine(engine)
     state = ServerState(
-        async_engine=async_engine,
-        engine=engine,
+        engine=async_engine,
         served_model_name=model_name,
         api_keys=(),
         request_timeout_s=None,
@@ -166,7 +120,7 @@ def running_server(
     app = create_app(state)
     try:
         with (
-            serve_in_thread(app) as base_url,
+            serve_app_in_thread(app, ready_path="/health/live") as base_url,
             httpx.Client(base_url=base_url, timeout=60) as client,
         ):
             yield RunningServer(
@@ -184,6 +138,6 @@ def serve_engine() -> Callable[..., AbstractContextManager[RunningServer]]:
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    engine = Engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=32))
+    engine = build_engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=32))
     with running_server(engine) as running:
         yield running

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from metrale_model_arch import Tokenizer
+from metrale_testing import save_random_model
 
-from ..random_checkpoints import save_random_model
+from metrale_model_arch import Tokenizer
 
 EMBED_MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

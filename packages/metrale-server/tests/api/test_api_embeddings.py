@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from metrale_model_arch import Tokenizer
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.api.embeddings import encode_vector
 from metrale_server.cli.serve_args import ServeArgs
 from metrale_server.cli.serve_runtime import log_boot
@@ -46,7 +46,7 @@ def embed_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Token
 def embed_server(
     embed_dir: Path, serve_engine: Callable[..., AbstractContextManager[RunningServer]]
 ) -> Iterator[RunningServer]:
-    engine = Engine(EngineArgs(model=str(embed_dir), dtype="float32", max_batch_size=8))
+    engine = build_engine(EngineArgs(model=str(embed_dir), dtype="float32", max_batch_size=8))
     with serve_engine(engine, MODEL) as running:
         yield running
 

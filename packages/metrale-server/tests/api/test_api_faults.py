@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from metrale_server.engine.core import EngineCore
+from metrale_server.engine.core_request import EngineCoreRequest
 from metrale_server.output.processor import OutputProcessor, RequestState
 from metrale_server.structured.matcher import GrammarMatcher
 
@@ -105,9 +106,9 @@ def test_a_fault_in_one_stream_fails_it_alone(
     core: EngineCore = server.engine.core
     add_request = core.add_request
 
-    def add_with_faulty_grammar(request_id: str, *args: Any, **kwargs: Any) -> None:
-        add_request(request_id, *args, **kwargs)
-        for seq in core._groups[request_id].seqs:
+    def add_with_faulty_grammar(request: EngineCoreRequest) -> None:
+        add_request(request)
+        for seq in core._groups[request.request_id].seqs:
             if seq.grammar is not None:
                 seq.grammar = FaultyGrammar(seq.grammar, grammar_fault)  # type: ignore[assignment]
 

@@ -17,7 +17,7 @@ from metrale_bench.server_process import ServerProcess
 from metrale_config import model_config_from_hf_file
 from metrale_model_arch.memory.seq_state_reserve import per_sequence_state_bytes
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 
 openai = pytest.importorskip("openai")
 
@@ -72,7 +72,7 @@ def test_memory_shows_no_sequence_indexer_state_with_the_paged_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("METRALE_GLM_DSA_INDEXER_FLAT", raising=False)
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_glm5_dir),
             dtype="float32",

@@ -16,7 +16,7 @@ import llguidance
 import pytest
 
 from metrale_model_arch import Tokenizer
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.api import inert_fields, structured_fields
 from metrale_server.api.misc_routes import TOKENIZE_CONTEXTS
 from metrale_server.api.request_guard import LOOPBACK_HOSTS, default_allowed_hosts, host_name
@@ -100,7 +100,7 @@ def test_no_origin_may_read_the_api_by_default(server: Any) -> None:
 def cors_server(
     tiny_model_dir: Path, serve_engine: Callable[..., AbstractContextManager[Any]]
 ) -> Iterator[Any]:
-    engine = Engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=4))
+    engine = build_engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=4))
     with serve_engine(engine, MODEL, allowed_origins=("https://app.example",)) as running:
         yield running
 

@@ -110,8 +110,8 @@ def test_unserved_openai_endpoints_are_501(server: Any, method: str, path: str) 
 
 
 def test_each_app_has_its_own_registry(server: Any) -> None:
-    first = ServerMetrics(server.engine, "a")
-    second = ServerMetrics(server.engine, "b")
+    first = ServerMetrics(server.state.engine, "a")
+    second = ServerMetrics(server.state.engine, "b")
     first.count_finished("stop")
     assert b'metrale_request_success_total{finished_reason="stop",model_name="a"} 1.0' in (
         first.render()

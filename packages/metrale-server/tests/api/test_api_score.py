@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from metrale_model_arch import Tokenizer
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.pooling.model_task import ModelTask
 from metrale_server.pooling.params import PoolingParams
 from metrale_server.pooling.score_prompt import DEFAULT_INSTRUCTION, score_prompt
@@ -46,7 +46,7 @@ def score_server(
     reranker_dir: Path, serve_engine: Callable[..., AbstractContextManager[RunningServer]]
 ) -> Iterator[RunningServer]:
     args = EngineArgs(model=str(reranker_dir), dtype="float32", max_batch_size=8, task="score")
-    with serve_engine(Engine(args), MODEL) as running:
+    with serve_engine(build_engine(args), MODEL) as running:
         yield running
         running.wait_idle()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.speculative_config import SpeculativeConfig
 
 from .conftest import RunningServer
@@ -38,7 +38,7 @@ def test_greedy_over_http_is_identical_on_50_prompts(
         num_speculative_tokens=3,
         model=str(tiny_model_dir) if method == "draft_model" else None,
     )
-    engine = Engine(attrs.evolve(args, speculative_config=speculative_config))
+    engine = build_engine(attrs.evolve(args, speculative_config=speculative_config))
 
     def completions(target: RunningServer) -> list[str]:
         response = target.client.post(
@@ -48,7 +48,7 @@ def test_greedy_over_http_is_identical_on_50_prompts(
         assert response.status_code == 200, response.text
         return [choice["text"] for choice in response.json()["choices"]]
 
-    with serve_engine(Engine(args)) as plain:
+    with serve_engine(build_engine(args)) as plain:
         expected = completions(plain)
     with serve_engine(engine) as speculative:
         assert completions(speculative) == expected

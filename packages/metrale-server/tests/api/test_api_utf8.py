@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from metrale_model_arch import Tokenizer
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 
 CANDIDATES = "你好世界中文字符测试漢字語言日本語한국어😀🙂🎉🚀🌍🔥💡🍣🐍✨🧠🌸🎵🦄🥟🧩🪐🫖"
 
@@ -79,7 +79,7 @@ def chain_server(
     chain_model: tuple[Path, str, list[int], list[int]],
     serve_engine: Callable[..., AbstractContextManager[Any]],
 ) -> Iterator[Any]:
-    engine = Engine(EngineArgs(model=str(chain_model[0]), dtype="float32", max_batch_size=4))
+    engine = build_engine(EngineArgs(model=str(chain_model[0]), dtype="float32", max_batch_size=4))
     with serve_engine(engine, "chain") as running:
         yield running
 

@@ -16,7 +16,7 @@ import pytest
 from metrale_bench.server_process import ServerProcess
 from metrale_bench.wire import MemoryReport
 from metrale_model_arch.memory import RUNTIME_HEADROOM
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.memory.host_memory import physical_memory_bytes, record_mem_available_at_start
 
 INT_FIELDS = (
@@ -45,7 +45,7 @@ def memory_server(
     tiny_model_dir: Path, serve_engine: Callable[..., AbstractContextManager[Any]]
 ) -> Iterator[Any]:
     record_mem_available_at_start()  # as ``met serve``'s preflight does, before loading
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_model_dir),
             dtype="float32",

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
+from metrale_testing import serve_http_handler
 
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.cli.chat import ASSISTANT_PREFIX, run_chat
 from metrale_server.tui.chat_backends import ChatError, EngineChatBackend, HttpChatBackend
 
@@ -59,14 +59,8 @@ def echo_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", bodies
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve_http_handler(Handler) as url:
+        yield url, bodies
 
 
 def test_the_conversation_is_kept_until_reset() -> None:
@@ -113,7 +107,7 @@ def test_an_unreachable_server_exits_1() -> None:
 
 
 def test_an_engine_in_this_process_streams_replies(tiny_model_dir: Path) -> None:
-    engine = Engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=2))
+    engine = build_engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=2))
     backend = EngineChatBackend(engine, model_name="tiny", max_tokens=6, temperature=0.0)
     pieces = list(backend.stream_reply([{"role": "user", "content": "hello"}]))
     assert pieces

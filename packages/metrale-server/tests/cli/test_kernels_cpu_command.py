@@ -24,7 +24,7 @@ def test_cpu_builds_the_native_ops_and_says_which_path() -> None:
 
 def test_cpu_without_a_compiler_names_the_problem(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    import metrale_kernels.native as native
+    import metrale_kernels.cpu.native as native
 
     monkeypatch.setattr(native, "_loaded", None)
     result = CliRunner().invoke(main, ["kernels", "cpu", "--fresh"])

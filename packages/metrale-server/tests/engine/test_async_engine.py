@@ -6,16 +6,19 @@ import asyncio
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from metrale_server import (
+    LLM,
     AsyncEngine,
     Engine,
     EngineArgs,
     RequestError,
     RequestOutput,
     SamplingParams,
+    build_engine,
 )
 from metrale_server.output.core_output import EngineCoreOutput
 from metrale_server.output.processor import ProcessedOutputs
@@ -23,7 +26,7 @@ from metrale_server.output.processor import ProcessedOutputs
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Engine:
-    return Engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=8))
+    return build_engine(EngineArgs(model=str(tiny_model_dir), dtype="float32", max_batch_size=8))
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -141,3 +144,46 @@ def test_engine_core_runs_on_its_own_thread_and_text_on_the_loop(engine: Engine)
     assert set(seen) == {"metrale-engine"}
     assert processed
     assert set(processed) == {threading.main_thread().name}
+
+
+def test_both_drivers_apply_outputs_with_one_routine_and_count_what_finishes(
+    engine: Engine,
+) -> None:
+    """``LLM`` (``Engine.step``) and the server's ``AsyncEngine`` apply a step's outputs through
+    ``OutputProcessor.apply_core_outputs``: a stop string ends the same text under both, and
+    the core counts each finished request once, whichever drove it."""
+    calls: list[str] = []
+    original = engine.processor.apply_core_outputs
+
+    def recording_apply(*args: Any, **kwargs: Any) -> list[RequestOutput]:
+        calls.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    free_text = LLM.from_engine(engine).generate({"prompt_token_ids": [4, 5, 6]}, greedy(12))
+    stop = free_text[0].outputs[0].text[3:6]
+    assert stop
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop])
+    engine.processor.apply_core_outputs = recording_apply  # type: ignore[method-assign]
+    try:
+        before = engine.stats.num_finished_requests
+        by_llm = LLM.from_engine(engine).generate({"prompt_token_ids": [4, 5, 6]}, params)
+        assert engine.stats.num_finished_requests == before + 1
+        assert calls
+        assert set(calls) == {threading.main_thread().name}
+
+        async def main() -> list[RequestOutput]:
+            async_engine = AsyncEngine(engine)
+            try:
+                return await collect(async_engine.add_request("s", [4, 5, 6], params))
+            finally:
+                async_engine.shutdown()
+
+        calls.clear()
+        by_server = asyncio.run(main())
+    finally:
+        del engine.processor.apply_core_outputs
+    assert calls
+    assert by_server[-1].outputs[0].text == by_llm[0].outputs[0].text
+    assert by_llm[0].outputs[0].finish_reason == "stop"
+    assert engine.stats.num_finished_requests == before + 2
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks

@@ -15,7 +15,7 @@ import torch
 
 from metrale_model_arch import Quantization, Tokenizer
 from metrale_model_arch.memory import DRAFT_KV_POOL, DRAFT_MODEL
-from metrale_server import LLM, Engine, EngineArgs, SamplingParams
+from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.speculative_config import SpeculativeConfig
 
@@ -143,7 +143,7 @@ def test_the_draft_is_planned_and_charged_to_its_own_owners(
     tiny_model_dir: Path, other_draft_dir: Path
 ) -> None:
     max_batch_size = 3
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_model_dir),
             dtype="float32",
@@ -174,7 +174,7 @@ def test_the_draft_is_planned_and_charged_to_its_own_owners(
 
 def test_the_draft_takes_its_own_quantization(tiny_model_dir: Path, other_draft_dir: Path) -> None:
     speculative = attrs.evolve(draft_config(other_draft_dir), quantization="int8")
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_model_dir),
             dtype="float32",

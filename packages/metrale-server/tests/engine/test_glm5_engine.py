@@ -13,7 +13,7 @@ from metrale_config import model_config_from_hf_file
 from metrale_model_arch.memory import KV_POOL
 from metrale_model_arch.memory.seq_state_reserve import per_sequence_state_bytes
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
-from metrale_server import LLM, Engine, EngineArgs, SamplingParams
+from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.speculative_config import SpeculativeConfig
 
@@ -84,7 +84,7 @@ def test_prefix_caching_is_off_for_a_model_with_sequence_state(
 def test_speculative_decoding_is_refused_for_it(tiny_glm5_dir: Path) -> None:
     speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
     with pytest.raises(ValueError, match="per-sequence state"):
-        Engine(
+        build_engine(
             EngineArgs(
                 model=str(tiny_glm5_dir),
                 dtype="float32",
@@ -96,7 +96,7 @@ def test_speculative_decoding_is_refused_for_it(tiny_glm5_dir: Path) -> None:
 
 def test_a_block_size_that_splits_pools_is_refused_naming_the_flag(tiny_glm5_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"--block-size 6 .*index_kpool \(4\)"):
-        Engine(EngineArgs(model=str(tiny_glm5_dir), block_size=6, max_seq_len=MAX_SEQ_LEN))
+        build_engine(EngineArgs(model=str(tiny_glm5_dir), block_size=6, max_seq_len=MAX_SEQ_LEN))
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["paged", "flat"])
@@ -107,7 +107,7 @@ def test_ledger_equals_plan_and_the_seed_formula(
     if flat:
         monkeypatch.setenv(FLAT_LEVER, "1")
     max_batch_size = 3
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_glm5_dir),
             dtype=dtype,

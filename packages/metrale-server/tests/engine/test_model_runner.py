@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from metrale_kernels import AttentionMetadata, build_attention_metadata
-from metrale_server import Engine, EngineArgs, SamplingParams
+from metrale_server import EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.scheduler_step import SchedulerStep
 
 
@@ -27,7 +27,7 @@ def reference_metadata(step: SchedulerStep, block_size: int) -> AttentionMetadat
 def test_step_inputs_match_a_rebuild_from_the_block_tables(
     tiny_model_dir: Path, num_kv_blocks: int | None
 ) -> None:
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(tiny_model_dir),
             dtype="float32",

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from metrale_config import model_config_from_hf_file
-from metrale_model_arch import Tokenizer, load_model
+from metrale_model_arch import LoadOptions, Tokenizer, load_model
 from metrale_model_arch.memory import BUFFER_ARENA, KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
-from metrale_server import Engine, EngineArgs
+from metrale_server import EngineArgs, build_engine
 from metrale_server.memory.ledger import MemoryLedger
 
 CPU = torch.device("cpu")
@@ -235,7 +235,7 @@ def test_ledger_equals_plan_by_owner(
     config = model_config_from_hf_file(path)
     for field, expected in FAMILIES[family][3].items():
         assert getattr(config, field) == expected, field
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(path),
             dtype=dtype,
@@ -284,7 +284,7 @@ def test_ledger_equals_plan_with_a_fixed_kv_pool(
     family_dirs: dict[str, tuple[Path, dict[str, int]]], num_kv_blocks: int
 ) -> None:
     path, _ = family_dirs["qwen2-qkv-bias"]
-    engine = Engine(
+    engine = build_engine(
         EngineArgs(
             model=str(path),
             dtype="float32",
@@ -305,8 +305,12 @@ def test_an_engine_given_a_loaded_model_charges_its_parameters(
     family_dirs: dict[str, tuple[Path, dict[str, int]]], family: str
 ) -> None:
     path, hf_fp32_weights = family_dirs[family]
-    loaded = load_model(str(path), dtype=torch.float32, device="cpu", max_seq_len=MAX_SEQ_LEN)
-    engine = Engine(EngineArgs(max_seq_len=MAX_SEQ_LEN, device="cpu", max_batch_size=2), loaded)
+    loaded = load_model(
+        str(path), LoadOptions(dtype=torch.float32, device="cpu", max_seq_len=MAX_SEQ_LEN)
+    )
+    engine = build_engine(
+        EngineArgs(max_seq_len=MAX_SEQ_LEN, device="cpu", max_batch_size=2), loaded
+    )
     live = engine.ledger.live_bytes_by_owner()
     assert live == engine.plan.allocated_by_owner()
     assert {o: s for o, s in live.items() if o.startswith("weights.")} == {
@@ -326,7 +330,7 @@ def test_ledger_is_unchanged_by_steps(
     from metrale_server import LLM, SamplingParams
 
     path, _ = family_dirs["llama-untied"]
-    engine = Engine(EngineArgs(model=str(path), device="cpu", max_seq_len=MAX_SEQ_LEN))
+    engine = build_engine(EngineArgs(model=str(path), device="cpu", max_seq_len=MAX_SEQ_LEN))
     before = engine.ledger.live_bytes_by_owner()
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outputs = LLM.from_engine(engine).generate(["hello there", "one two three"], params)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from metrale_config import model_config_from_hf_file
-from metrale_model_arch import load_model
+from metrale_model_arch import LoadOptions, load_model
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server import EngineArgs
 from metrale_server.cli.serve_args import ServeArgs
@@ -251,7 +251,7 @@ def unloadable_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPath
             shutil.copy(item, path / item.name)
     (path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" * 64)
     with pytest.raises(ValueError, match="not a readable safetensors file"):
-        load_model(str(path), dtype=torch.float32)
+        load_model(str(path), LoadOptions(dtype=torch.float32))
     return path
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from metrale_testing import serve_http_handler
 
 from metrale_server.tui.poller import HttpPoller
 from metrale_server.tui.snapshot import Status
@@ -32,14 +33,8 @@ def serving(routes: Mapping[str, tuple[int, object]]) -> Iterator[tuple[str, lis
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen_auth
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve_http_handler(Handler) as url:
+        yield url, seen_auth
 
 
 def test_nothing_listening_is_offline() -> None:

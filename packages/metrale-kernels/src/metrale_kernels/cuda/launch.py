@@ -14,6 +14,8 @@ import torch
 
 from metrale_kernels.cuda.sources import NVRTC_OPTIONS, SOURCES_BY_NAME, source_code
 
+# The dynamic shared memory a block gets without opting in.
+MAX_SHARED_BYTES = 48 * 1024
 _SUFFIXES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _functions: dict[tuple[str, int], Any] = {}
 _modules: dict[tuple[str, int], Any] = {}
@@ -43,6 +45,17 @@ def import_cupy() -> Any:
 def dtype_suffix(dtype: torch.dtype) -> str | None:
     """The kernel name suffix for ``dtype``; ``None`` when no kernel takes it."""
     return _SUFFIXES.get(dtype)
+
+
+def on_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda
+
+
+def into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``result``, or copied into ``out`` (an op's ``out=``) and that returned."""
+    if out is None:
+        return result
+    return out.copy_(result)
 
 
 def _kernel(cupy: Any, source: str, function: str, device: int) -> Any:

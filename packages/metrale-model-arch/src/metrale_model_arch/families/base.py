@@ -55,6 +55,12 @@ class CausalLM(nn.Module):
         """
         raise NotImplementedError
 
+    @property
+    def executor_name(self) -> str:
+        """How its layers' steps run now: ``eager``, unless the family takes layer executors
+        (the llama family: ``compiled``, ``native``) and the engine installed one."""
+        return "eager"
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``(n, hidden)`` final hidden states → ``(n, vocab_size)`` logits, written into
         ``out`` (``(n, vocab_size)``, the model's dtype) when given."""

@@ -21,6 +21,7 @@ import torch
 
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.llama import (
+    LayerExecutor,
     LlamaForCausalLM,
     OutputStep,
     QkvStep,
@@ -52,13 +53,12 @@ def compiled_steps() -> tuple[QkvStep, OutputStep]:
     )
 
 
-def compile_layer_steps(model: LlamaForCausalLM) -> float:
-    """Compile and warm the segments on ``model``'s first layer, then swap them in.
+def compile_executor(model: LlamaForCausalLM) -> LayerExecutor:
+    """The compiled executor, compiled and warmed on ``model``'s first layer (not installed).
 
     Warming runs each segment at every ``WARM_UP_TOKENS`` size on scratch inputs (nothing is
-    written to the KV cache), under inference mode as the engine runs. Until it returns the
-    model keeps its eager segments, so it may run on another thread while the model serves.
-    Returns the seconds it took.
+    written to the KV cache), under inference mode as the engine runs, so it may run on another
+    thread while the model serves with its eager executor.
     """
     started = time.perf_counter()
     qkv_step, output_step = compiled_steps()
@@ -74,7 +74,5 @@ def compile_layer_steps(model: LlamaForCausalLM) -> float:
             hidden = torch.zeros(num_tokens, config.hidden_size, dtype=weight.dtype)
             q, _, _ = qkv_step(layer, hidden, positions, positions_table)  # type: ignore[arg-type]
             output_step(layer, hidden, torch.zeros_like(q))  # type: ignore[arg-type]
-    model.layer_steps = (qkv_step, output_step)
-    elapsed = time.perf_counter() - started
-    logger.info("compiled layer segments ready in %.1f s", elapsed)
-    return elapsed
+    logger.info("compiled layer segments ready in %.1f s", time.perf_counter() - started)
+    return LayerExecutor("compiled", qkv_step, output_step)

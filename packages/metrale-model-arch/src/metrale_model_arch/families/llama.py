@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import attrs
 import torch
 from torch import nn
 
@@ -17,10 +18,10 @@ from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
 from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, TensorTarget
 from metrale_model_arch.families.int8_layers import Int8Linear
 from metrale_model_arch.families.rotary import rope_cos_sin_table
 from metrale_model_arch.families.row_invariant_layers import head_logits
-from metrale_model_arch.loading.mapping import CheckpointMapping, TensorTarget
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
 UNSUPPORTED_FEATURES = ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit")
@@ -175,6 +176,27 @@ def layer_output(
     return out
 
 
+@attrs.frozen(eq=False)
+class LayerExecutor:
+    """How a llama-family model runs its layers' steps: ``name`` (``eager``, ``compiled``,
+    ``native``), the two segments around each layer's paged attention, and, for a decode-only
+    step, optionally the whole layer in one call.
+
+    A model holds one (``LlamaForCausalLM.executor``), replaced whole by ``install_executor``
+    and read once per forward: a forward that runs while another thread installs one runs
+    either the old executor or the new, never a mix of the two.
+    """
+
+    name: str
+    qkv: QkvStep
+    output: OutputStep
+    decode_layer: DecodeLayerStep | None = None
+
+
+# The plain ops of ``layer_qkv`` and ``layer_output``: what every llama-family model starts with.
+EAGER_EXECUTOR = LayerExecutor("eager", layer_qkv, layer_output)
+
+
 class LlamaModel(nn.Module):
     def __init__(
         self,
@@ -225,11 +247,17 @@ class LlamaForCausalLM(CausalLM):
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # The two segments of each layer's step (see ``layer_qkv``); a runner may swap in
-        # compiled versions of the same functions.
-        self.layer_steps: tuple[QkvStep, OutputStep] = (layer_qkv, layer_output)
-        # A whole layer in one call for decode-only steps (the native one), else None.
-        self.decode_layer_step: DecodeLayerStep | None = None
+        # How each layer's step runs (see ``LayerExecutor``); the engine installs a faster one.
+        self.executor = EAGER_EXECUTOR
+
+    @property
+    def executor_name(self) -> str:
+        return self.executor.name
+
+    def install_executor(self, executor: LayerExecutor) -> None:
+        """Run the layers' steps with ``executor`` from the next forward on (one attribute
+        written: safe while another thread runs a forward)."""
+        self.executor = executor
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:
@@ -253,9 +281,10 @@ class LlamaForCausalLM(CausalLM):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
         cos_sin = self.model.cos_sin_cache
         hidden = self.model.embed_tokens(input_ids)
-        qkv_step, output_step = self.layer_steps
+        executor = self.executor
+        qkv_step, output_step = executor.qkv, executor.output
         layers = cast("Sequence[LlamaDecoderLayer]", self.model.layers)
-        decode_layer = self.decode_layer_step
+        decode_layer = executor.decode_layer
         if decode_layer is not None and metadata.is_decode_only:
             for layer, kv_cache in zip(layers, kv_caches, strict=True):
                 hidden = decode_layer(layer, hidden, positions, cos_sin, kv_cache, metadata)

@@ -10,8 +10,8 @@ architecture ``llama`` (Q/K rows permuted) with ``llama.expert_count`` and stack
 from __future__ import annotations
 
 from metrale_config import ModelConfig
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping
 from metrale_model_arch.families.moe import MoeForCausalLM, moe_checkpoint_mapping
-from metrale_model_arch.loading import CheckpointMapping
 
 
 class MixtralForCausalLM(MoeForCausalLM):

@@ -18,6 +18,7 @@ from torch import nn
 from metrale_config import ModelConfig, MoeConfig
 from metrale_kernels import KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.families.llama import (
     UNSUPPORTED_FEATURES,
     LlamaForCausalLM,
@@ -25,7 +26,6 @@ from metrale_model_arch.families.llama import (
     check_supported,
     llama_checkpoint_mapping,
 )
-from metrale_model_arch.loading import CheckpointMapping, Skip, TensorTarget
 
 
 class StackedExperts(nn.Module):

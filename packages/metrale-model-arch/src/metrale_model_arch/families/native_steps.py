@@ -1,7 +1,8 @@
-"""A dense llama-family layer's two segments as single native calls (``metrale::int8_qkv_step``
-and ``metrale::int8_output_step`` of the cpu kernel backend), for int8 or q4 weights and float32
-activations on the CPU; and a decode-only step's whole layer, attention included, as one
-(``metrale::int8_decode_layer``).
+"""A dense llama-family layer's two segments as single ops of the kernel backend
+(``llama_qkv_step`` and ``llama_output_step``: the cpu backend's native
+``metrale::int8_qkv_step`` and ``metrale::int8_output_step``), for int8 or q4 weights and
+float32 activations on the CPU; and a decode-only step's whole layer, attention included, as
+one (``llama_decode_layer``).
 
 Each replaces the segment's ~50 small ops (eager) or a ``torch.compile``'d graph, whose guard
 checks and wrappers cost ~80 µs a call at batch 1, 60 calls a step. They compute the same
@@ -21,7 +22,12 @@ from torch import nn
 from metrale_kernels import AttentionMetadata
 from metrale_model_arch.families.base import CausalLM, LayerCache
 from metrale_model_arch.families.int8_layers import Int8Linear
-from metrale_model_arch.families.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
+from metrale_model_arch.families.llama import (
+    LayerExecutor,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+)
 from metrale_model_arch.families.q4_layers import Q4Linear
 
 
@@ -65,8 +71,8 @@ def native_layer_qkv(
     layer: LlamaDecoderLayer, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     attention, norm = layer.self_attn, layer.input_layernorm
-    q, k, v = torch.ops.metrale.int8_qkv_step(
-        hidden.contiguous(),
+    return attention.backend.llama_qkv_step(
+        hidden,
         norm.weight,
         norm.eps,
         *_weights(attention.qkv_proj),
@@ -76,7 +82,6 @@ def native_layer_qkv(
         attention.num_kv_heads,
         attention.head_dim,
     )
-    return q, k, v
 
 
 def native_layer_output(
@@ -84,8 +89,8 @@ def native_layer_output(
 ) -> torch.Tensor:
     attention, norm = layer.self_attn, layer.post_attention_layernorm
     mlp = cast(LlamaMLP, layer.mlp)
-    out: torch.Tensor = torch.ops.metrale.int8_output_step(
-        hidden.contiguous(),
+    return attention.backend.llama_output_step(
+        hidden,
         attended,
         *_weights(attention.o_proj),
         norm.weight,
@@ -93,7 +98,6 @@ def native_layer_output(
         *_weights(mlp.gate_up_proj),
         *_weights(mlp.down_proj),
     )
-    return out
 
 
 def native_decode_layer(
@@ -107,8 +111,8 @@ def native_decode_layer(
     """A decode-only step's whole layer in one call (token ``t`` is sequence ``t``'s query)."""
     attention, mlp = layer.self_attn, cast(LlamaMLP, layer.mlp)
     k_cache, v_cache = kv_cache
-    out: torch.Tensor = torch.ops.metrale.int8_decode_layer(
-        hidden.contiguous(),
+    return attention.backend.llama_decode_layer(
+        hidden,
         positions,
         cos_sin,
         layer.input_layernorm.weight,
@@ -129,21 +133,13 @@ def native_decode_layer(
         *_weights(mlp.gate_up_proj),
         *_weights(mlp.down_proj),
     )
-    return out
 
 
-def uses_native_steps(model: CausalLM) -> bool:
-    return isinstance(model, LlamaForCausalLM) and model.layer_steps == (
-        native_layer_qkv,
-        native_layer_output,
-    )
+NATIVE_EXECUTOR = LayerExecutor(
+    "native", native_layer_qkv, native_layer_output, native_decode_layer
+)
 
 
-def use_native_steps(model: CausalLM) -> bool:
-    """Swap the native segments in when :func:`can_run_native_steps`; whether it did."""
-    if not can_run_native_steps(model):
-        return False
-    assert isinstance(model, LlamaForCausalLM)
-    model.layer_steps = (native_layer_qkv, native_layer_output)
-    model.decode_layer_step = native_decode_layer
-    return True
+def native_executor(model: CausalLM) -> LayerExecutor | None:
+    """The native executor when :func:`can_run_native_steps`, else ``None``."""
+    return NATIVE_EXECUTOR if can_run_native_steps(model) else None

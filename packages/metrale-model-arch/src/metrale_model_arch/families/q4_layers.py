@@ -1,6 +1,6 @@
 """The q4 stand-in for a projection's ``nn.Linear`` (:mod:`metrale_model_arch.weight_format`).
 
-It holds the kernel's layout (:mod:`metrale_kernels.q4_matmul`) as two buffers, ``packed``
+It holds the kernel's layout (:mod:`metrale_kernels.reference.q4_matmul`) as two buffers, ``packed``
 uint8 and ``scales`` float16, filled a panel of 16 output rows at a time while the checkpoint
 streams in: a fused q/k/v projection gets its q, k and v rows from three tensors, so each part
 must start and end on a panel (every block's scale depends on that block alone).
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from metrale_kernels import KernelBackend, q4_shape_error, quantize_q4
-from metrale_kernels.q4_matmul import Q4_BLOCK, Q4_PANEL
+from metrale_kernels.reference.q4_matmul import Q4_BLOCK, Q4_PANEL
 from metrale_model_arch.allocator import TensorAllocator
-from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks
 
 _BLOCK_BYTES = Q4_BLOCK * Q4_PANEL // 2
 

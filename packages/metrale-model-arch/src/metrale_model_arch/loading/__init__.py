@@ -1,12 +1,9 @@
-"""Checkpoint loaders (safetensors, GGUF) and the per-family mapping they share.
-
-The loaders live in ``safetensors_loader`` and ``gguf_loader``; this package's root exports only
-what the model families import (the mapping types), so that importing a family never imports a
-loader.
-"""
+"""Checkpoint loaders (safetensors, GGUF), above the model families: the mapping types and
+name tables the families declare live in ``families``; the loaders live in
+``safetensors_loader`` and ``gguf_loader``. This package's root exports what the server reads
+while a model loads (the progress observer) and the loaders' error."""
 
 from metrale_model_arch.loading.errors import CheckpointError
-from metrale_model_arch.loading.mapping import CheckpointMapping, Skip, TensorTarget, same_names
 from metrale_model_arch.loading.progress import (
     ProgressObserver,
     is_progress_enabled,
@@ -15,11 +12,7 @@ from metrale_model_arch.loading.progress import (
 
 __all__ = [
     "CheckpointError",
-    "CheckpointMapping",
     "ProgressObserver",
-    "Skip",
-    "TensorTarget",
     "is_progress_enabled",
     "load_progress",
-    "same_names",
 ]

@@ -22,15 +22,14 @@ from metrale_config import (
     model_config_from_gguf_header,
     read_gguf_header,
 )
-from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
+from metrale_model_arch.gguf_dequant import dequantize
+from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
-from metrale_model_arch.loading.gguf_dequant import dequantize
-from metrale_model_arch.loading.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
-from metrale_model_arch.loading.progress import ProgressObserver, load_progress
-from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks, dense
-from metrale_model_arch.parallel.shard import TensorShard
+from metrale_model_arch.loading.progress import load_progress
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.registry import planned_architecture
 from metrale_model_arch.weight_format import Quantization
 
@@ -84,7 +83,7 @@ def iter_gguf_checkpoint(
     q4_1_blocks: bool,
 ) -> Iterator[tuple[str, torch.Tensor | Q4_1Blocks]]:
     """:func:`iter_gguf_weights`, but with ``q4_1_blocks`` a Q4_1 matrix comes as its blocks
-    (:class:`~metrale_model_arch.loading.q4_1_blocks.Q4_1Blocks`, rows in the same order),
+    (:class:`~metrale_model_arch.q4_1_blocks.Q4_1Blocks`, rows in the same order),
     for :func:`~metrale_model_arch.build.build_model` to keep as they are in a q4 model."""
     plan = _plan(header, config)
     return _read_tensors(header.path, plan, on_tensor, q4_1_blocks)
@@ -92,15 +91,7 @@ def iter_gguf_checkpoint(
 
 def load_gguf_model(
     gguf_file: str | os.PathLike[str] | GgufHeader,
-    *,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    max_seq_len: int | None = None,
-    allocator: TensorAllocator = plain_allocator,
-    on_progress: ProgressObserver | None = None,
-    quantization: Quantization = Quantization.NONE,
-    kernel_backend: str = "auto",
-    shard: TensorShard | None = None,
+    options: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> CausalLM:
     """Build the model in ``gguf_file`` (a path, or its already-read header), its weights
     dequantized and then cast to ``dtype`` (or quantized to int8 per row, with
@@ -109,20 +100,14 @@ def load_gguf_model(
     config = model_config_from_gguf_header(header)
     num_tensors = sum(tensor.name not in SKIPPED_GGUF_TENSORS for tensor in header.tensors)
     with load_progress(
-        num_tensors, f"Loading {Path(header.path).name}", on_progress=on_progress
+        num_tensors, f"Loading {Path(header.path).name}", on_progress=options.on_progress
     ) as advance:
         return build_model(
             config,
             iter_gguf_checkpoint(
-                header, config, advance, q4_1_blocks=quantization == Quantization.Q4
+                header, config, advance, q4_1_blocks=options.quantization == Quantization.Q4
             ),
-            dtype=dtype,
-            device=device,
-            max_seq_len=max_seq_len,
-            allocator=allocator,
-            quantization=quantization,
-            kernel_backend=kernel_backend,
-            shard=shard,
+            options,
         )
 
 

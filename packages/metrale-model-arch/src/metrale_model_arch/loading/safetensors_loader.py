@@ -13,14 +13,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from metrale_config import ModelConfig
-from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
-from metrale_model_arch.loading.progress import ProgressObserver, load_progress
+from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
-from metrale_model_arch.parallel.shard import TensorShard
-from metrale_model_arch.weight_format import Quantization
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -91,15 +89,7 @@ def iter_safetensors(
 def load_safetensors_model(
     model_dir: str | Path,
     config: ModelConfig,
-    *,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    max_seq_len: int | None = None,
-    allocator: TensorAllocator = plain_allocator,
-    on_progress: ProgressObserver | None = None,
-    quantization: Quantization = Quantization.NONE,
-    kernel_backend: str = "auto",
-    shard: TensorShard | None = None,
+    options: LoadOptions = DEFAULT_LOAD_OPTIONS,
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``: a causal
     LM's, or its base model's alone (:func:`is_base_model_checkpoint`) when the head is tied."""
@@ -114,25 +104,20 @@ def load_safetensors_model(
             f"{model_dir}: the checkpoint holds the base model alone, without {LM_HEAD} (as "
             "transformers' AutoModel saves an embedding model), and config.json sets "
             "tie_word_embeddings false: the model has no head to load. An embedding model "
-            "needs none: load it without one (load_model(without_head=True), as "
+            "needs none: load it without one (LoadOptions(without_head=True), as "
             "`met serve --task embed` does)"
         )
     total = sum(len(file_names) for file_names in names.values())
+    shard = options.shard
     is_split = shard is not None and shard.world_size > 1
     slice_of = CheckpointSharder(config, shard).slice_of if is_split and shard else None
     with load_progress(
-        total, f"Loading {Path(model_dir).name}", on_progress=on_progress
+        total, f"Loading {Path(model_dir).name}", on_progress=options.on_progress
     ) as advance:
         return build_model(
             config,
             iter_safetensors(names, advance, slice_of),
-            dtype=dtype,
-            device=device,
-            max_seq_len=max_seq_len,
-            allocator=allocator,
-            quantization=quantization,
-            kernel_backend=kernel_backend,
-            shard=shard,
+            options,
             is_sharded=slice_of is not None,
         )
 

@@ -17,8 +17,8 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig
-from metrale_model_arch.loading.q4_1_blocks import Q4_1Blocks
 from metrale_model_arch.parallel.shard import TensorShard
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks
 
 _ATTENTION = re.compile(r".+\.self_attn\.(?P<proj>[qkvo])_proj\.(?P<kind>weight|bias)")
 _DENSE_MLP = re.compile(r".+\.mlp\.(?P<proj>gate|up|down)_proj\.(?P<kind>weight|bias)")

@@ -45,7 +45,7 @@ async def create_message(request: Request, *, state: ServerState) -> Response:
         )
     )
     grammar = await compile_structured(
-        lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
+        lambda: state.engine.grammar_compiler, parsed.structured, state.preparer
     )
     header = MessageHeader(
         id=new_message_id(),

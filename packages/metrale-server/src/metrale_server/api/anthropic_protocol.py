@@ -35,7 +35,7 @@ from metrale_server.api.protocol import (
 )
 from metrale_server.api.sampling import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from metrale_server.api.tool_fields import read_tool_request
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
@@ -57,7 +57,7 @@ class Conversation:
 
 def parse_messages_request(
     body: dict[str, Any],
-    engine: Engine,
+    engine: EngineClient,
     served_model_name: str,
     *,
     tool_call_parser: str | None,
@@ -99,7 +99,7 @@ def parse_messages_request(
     return parse_chat_request(chat, engine, served_model_name, tool_call_parser=tool_call_parser)
 
 
-def count_message_tokens(body: dict[str, Any], engine: Engine, served_model_name: str) -> int:
+def count_message_tokens(body: dict[str, Any], engine: EngineClient, served_model_name: str) -> int:
     """``POST /v1/messages/count_tokens``: the prompt tokens ``/v1/messages`` would report as
     ``usage.input_tokens`` for the same conversation."""
     fields = Fields(body)
@@ -110,7 +110,7 @@ def count_message_tokens(body: dict[str, Any], engine: Engine, served_model_name
     tools = read_tool_request(chat, has_parser=True)  # how calls are read does not matter
     text = render_chat_prompt(engine, chat, tools=tools.template_tools)
     check_prompt_text(chat, "messages", text, engine, contexts=COUNT_CONTEXTS)
-    return len(engine.loaded.tokenizer.encode(text, add_special_tokens=False))
+    return len(engine.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _read_conversation(fields: Fields, *, max_tokens: object) -> Conversation:

@@ -45,7 +45,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
         )
     )
     grammar = await compile_structured(
-        lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
+        lambda: state.engine.grammar_compiler, parsed.structured, state.preparer
     )
     header = ResponseHeader.new(
         id_prefix="chatcmpl",

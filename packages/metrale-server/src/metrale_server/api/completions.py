@@ -44,7 +44,7 @@ async def create_completion(request: Request, *, state: ServerState) -> Response
         )
     )
     grammar = await compile_structured(
-        lambda: state.engine.core.grammar_compiler, parsed.structured, state.preparer
+        lambda: state.engine.grammar_compiler, parsed.structured, state.preparer
     )
     header = ResponseHeader.new(
         id_prefix="cmpl", object="text_completion", model=state.served_model_name
@@ -62,7 +62,7 @@ async def create_completion(request: Request, *, state: ServerState) -> Response
 def echo_text(state: ServerState, prompt: Prompt) -> str:
     if prompt.text is not None:
         return prompt.text
-    return state.engine.loaded.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+    return state.engine.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
 
 
 def completion_body(

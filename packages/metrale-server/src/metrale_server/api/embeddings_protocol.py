@@ -14,7 +14,7 @@ from metrale_server.api.pooling import (
     pooling_prompt,
 )
 from metrale_server.api.protocol import Prompt, check_model
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.pooling.model_task import ModelTask
 
 EncodingFormat = Literal["float", "base64"]
@@ -31,13 +31,13 @@ class EmbeddingRequest:
 
 
 def parse_embedding_request(
-    body: dict[str, Any], engine: Engine, served_model_name: str, task: ModelTask
+    body: dict[str, Any], engine: EngineClient, served_model_name: str, task: ModelTask
 ) -> EmbeddingRequest:
     assert task.pooling is not None, "an embed task has its pooling"
     fields = Fields(body)
     check_model(fields, served_model_name)
     encoding_format = _encoding_format(fields)
-    dimensions = _dimensions(fields, task, engine.loaded.config.hidden_size)
+    dimensions = _dimensions(fields, task, engine.info.config.hidden_size)
     fields.read_optional_str("user")  # accepted, as OpenAI's clients send it; not used
     add_special_tokens = fields.read_bool("add_special_tokens", True)
     inputs = _read_inputs(fields, engine, add_special_tokens=add_special_tokens)
@@ -76,7 +76,7 @@ def _dimensions(fields: Fields, task: ModelTask, hidden_size: int) -> int | None
 
 
 def _read_inputs(
-    fields: Fields, engine: Engine, *, add_special_tokens: bool
+    fields: Fields, engine: EngineClient, *, add_special_tokens: bool
 ) -> list[tuple[str | None, tuple[int, ...]]]:
     """``input``: a string, an array of token ids, or an array of either; each is checked and
     named ``input[i]`` in errors when there are several."""
@@ -93,7 +93,7 @@ def _read_inputs(
             f"got {describe(value)}",
         )
     check_num_inputs(fields, "input", len(items))
-    vocab_size = engine.loaded.config.vocab_size
+    vocab_size = engine.info.config.vocab_size
     inputs: list[tuple[str | None, tuple[int, ...]]] = []
     for index, item in enumerate(items):
         param = "input" if is_one else f"input[{index}]"

@@ -45,7 +45,7 @@ class Generation:
         self.prompt = prompt
         self._state = state
         try:
-            self._stream = state.async_engine.add_request(
+            self._stream = state.engine.add_request(
                 request_id, prompt.token_ids, prompt.params, prompt=prompt.text, grammar=grammar
             )
         except RequestError as error:
@@ -78,7 +78,7 @@ class Generation:
 
     def abort(self) -> None:
         if not self._is_finished:
-            self._state.async_engine.abort(self.request_id)
+            self._state.engine.abort(self.request_id)
 
     def close(self) -> None:
         """Idempotent and synchronous, so it is safe in any ``finally``."""
@@ -139,7 +139,7 @@ def check_queue_room(state: ServerState, num_new: int) -> None:
     limit = state.max_queued_requests
     if limit is None:
         return
-    running = state.engine.core.published_stats.num_running_requests
+    running = state.engine.stats.num_running_requests
     waiting = max(0, state.num_active_requests - running)
     if waiting + num_new > limit:
         raise ApiError(

@@ -6,14 +6,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.state import ServerState
-from metrale_server.memory.report import memory_report
 
 
 async def get_memory(request: Request, *, state: ServerState) -> Response:
     # The /proc reads are a few microseconds; no need to leave the event loop.
-    engine = state.engine
-    document = memory_report(engine.plan, engine.ledger, engine.loaded.device).to_json()
-    if engine.core.rank_memory:
-        # Every rank's plan and ledger as each stood once loaded (nothing is allocated later).
-        document["ranks"] = [rank.to_json() for rank in engine.core.rank_memory]
-    return JSONResponse(document)
+    return JSONResponse(state.engine.memory_document())

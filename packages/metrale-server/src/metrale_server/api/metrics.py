@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.output.outputs import RequestOutput
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -33,13 +33,13 @@ class _EngineCollector(Collector):
     """What the engine knows, read when ``/metrics`` is scraped: the engine's published stats
     snapshot (one reference read, any thread) and its fixed sizes."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self._engine = engine
         self._labels = [model_name]
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine
-        stats = engine.core.published_stats
+        stats = engine.stats
         yield self._gauge(
             "metrale_num_requests_running",
             "Requests in the running batch.",
@@ -58,24 +58,24 @@ class _EngineCollector(Collector):
         yield self._gauge(
             "metrale_kv_cache_blocks_total",
             "KV cache blocks in the pool.",
-            engine.num_kv_blocks,
+            engine.info.num_kv_blocks,
         )
         yield self._gauge(
             "metrale_kv_cache_block_bytes",
             "Bytes of one KV cache block over all layers.",
-            engine.plan.kv_block_bytes,
+            engine.info.kv_block_bytes,
         )
         yield self._gauge(
             "metrale_memory_budget_bytes",
             "Total device memory x --gpu-memory-utilization.",
-            engine.plan.budget_bytes,
+            engine.info.budget_bytes,
         )
         ledger = GaugeMetricFamily(
             "metrale_memory_ledger_bytes",
             "Live bytes in the allocation ledger, by owner.",
             labels=["model_name", "owner"],
         )
-        for owner, size in sorted(engine.ledger.live_bytes_by_owner().items()):
+        for owner, size in sorted(engine.live_bytes_by_owner().items()):
             ledger.add_metric([*self._labels, owner], size)
         yield ledger
         yield self._counter(
@@ -129,7 +129,7 @@ class _EngineCollector(Collector):
 class ServerMetrics:
     """The ``/metrics`` registry of one app: engine readings plus per-request latencies."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
         self.recent_requests = RecentRequests()

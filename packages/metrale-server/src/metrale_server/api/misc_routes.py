@@ -37,7 +37,7 @@ def _tokenize(raw: bytes, state: ServerState) -> tuple[Fields, list[int]]:
         text, param = prompt, "prompt"
         add_special_tokens = fields.read_bool("add_special_tokens", True)
     check_prompt_text(fields, param, text, state.engine, contexts=TOKENIZE_CONTEXTS)
-    return fields, state.engine.loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return fields, state.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def model_card(state: ServerState) -> dict[str, Any]:
@@ -48,8 +48,8 @@ def model_card(state: ServerState) -> dict[str, Any]:
         "owned_by": "metrale",
         # The checkpoint's file or directory name: its absolute path says who runs the server
         # where, to anyone who can read this route.
-        "root": state.engine.loaded.source.path.name,
-        "max_model_len": state.engine.max_seq_len,
+        "root": state.engine.info.source.path.name,
+        "max_model_len": state.engine.info.max_seq_len,
     }
 
 
@@ -72,7 +72,7 @@ async def health(request: Request, *, state: ServerState) -> Response:
         return JSONResponse({"status": "draining"}, status_code=503)
     if not state.is_ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    if not state.async_engine.is_running:
+    if not state.engine.is_running:
         return JSONResponse(
             {"status": "faulted", "reason": "the engine thread stopped"}, status_code=503
         )
@@ -95,16 +95,15 @@ async def tokenize(request: Request, *, state: ServerState) -> Response:
     """vLLM's shape: ``prompt`` (or chat ``messages``) → ``{count, max_model_len, tokens}``."""
     raw = await request.body()
     fields, tokens = await state.preparer.run(lambda: _tokenize(raw, state))
-    loaded = state.engine.loaded
     token_strs = None
     is_returning_strs = fields.read_bool("return_token_strs", False)
     fields.refuse_unread()
     if is_returning_strs:
-        token_strs = [loaded.tokenizer.id_to_token(token) for token in tokens]
+        token_strs = [state.engine.tokenizer.id_to_token(token) for token in tokens]
     return JSONResponse(
         {
             "count": len(tokens),
-            "max_model_len": state.engine.max_seq_len,
+            "max_model_len": state.engine.info.max_seq_len,
             "tokens": tokens,
             "token_strs": token_strs,
         }
@@ -116,13 +115,13 @@ async def detokenize(request: Request, *, state: ServerState) -> Response:
     fields = Fields(parse_json_object(await request.body()))
     check_model(fields, state.served_model_name)
     tokens = fields.read_list("tokens")
-    vocab_size = state.engine.loaded.config.vocab_size
+    vocab_size = state.engine.info.config.vocab_size
     if tokens is None:
         fields.fail("tokens", "is required")
     if not all(is_int(t) and 0 <= t < vocab_size for t in tokens):
         fields.fail("tokens", f"expected token ids in 0..{vocab_size - 1}")
     fields.refuse_unread()
-    return JSONResponse({"prompt": state.engine.loaded.tokenizer.decode(tokens)})
+    return JSONResponse({"prompt": state.engine.tokenizer.decode(tokens)})
 
 
 async def not_implemented(request: Request) -> Response:

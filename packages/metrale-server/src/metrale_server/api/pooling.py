@@ -13,7 +13,7 @@ from metrale_server.api.generation import final_outputs, start_generations
 from metrale_server.api.protocol import MAX_SEQUENCES_PER_REQUEST, Prompt, check_prompt_text
 from metrale_server.api.responses import raise_if_failed
 from metrale_server.api.state import ServerState
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.pooling.params import PoolingParams
 from metrale_server.sampling.params import SamplingParams
 
@@ -27,24 +27,24 @@ def pooling_prompt(text: str | None, token_ids: tuple[int, ...], pooling: Poolin
 
 
 def encode_input(
-    fields: Fields, param: str, text: str, engine: Engine, *, add_special_tokens: bool
+    fields: Fields, param: str, text: str, engine: EngineClient, *, add_special_tokens: bool
 ) -> tuple[int, ...]:
     """``text``'s token ids, checked by :func:`check_input_tokens`; ``param`` names it."""
     check_prompt_text(fields, param, text, engine)
-    token_ids = engine.loaded.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    token_ids = engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
     return check_input_tokens(fields, param, tuple(token_ids), engine)
 
 
 def check_input_tokens(
-    fields: Fields, param: str, token_ids: tuple[int, ...], engine: Engine
+    fields: Fields, param: str, token_ids: tuple[int, ...], engine: EngineClient
 ) -> tuple[int, ...]:
     """A 400 naming ``param`` for an empty input or one too long for the model."""
     if not token_ids:
         fields.fail(param, "must not be empty")
-    if len(token_ids) > engine.max_seq_len:
+    if len(token_ids) > engine.info.max_seq_len:
         fields.fail(
             param,
-            f"has {len(token_ids)} tokens; the model's max_seq_len is {engine.max_seq_len}",
+            f"has {len(token_ids)} tokens; the model's max_seq_len is {engine.info.max_seq_len}",
         )
     return token_ids
 

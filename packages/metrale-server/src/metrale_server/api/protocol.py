@@ -19,7 +19,7 @@ from metrale_server.api.inert_fields import accept_inert_fields
 from metrale_server.api.sampling import parse_sampling, read_logprobs_count
 from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
 from metrale_server.api.tool_fields import ToolRequest, read_tool_request
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.parsers import SPECIAL_TOKEN_FORMATS
 from metrale_server.sampling.params import SamplingParams
 
@@ -82,7 +82,7 @@ def check_model(fields: Fields, served_model_name: str) -> None:
 
 
 def parse_completion_request(
-    body: dict[str, Any], engine: Engine, served_model_name: str
+    body: dict[str, Any], engine: EngineClient, served_model_name: str
 ) -> CompletionRequest:
     fields = Fields(body)
     check_model(fields, served_model_name)
@@ -132,7 +132,7 @@ def parse_completion_request(
 
 def parse_chat_request(
     body: dict[str, Any],
-    engine: Engine,
+    engine: EngineClient,
     served_model_name: str,
     *,
     tool_call_parser: str | None = None,
@@ -164,7 +164,7 @@ def parse_chat_request(
     accept_inert_fields(fields)
     fields.refuse_unread()
     check_prompt_text(fields, "messages", text, engine)
-    token_ids = tuple(engine.loaded.tokenizer.encode(text, add_special_tokens=False))
+    token_ids = tuple(engine.tokenizer.encode(text, add_special_tokens=False))
     if not token_ids:
         fields.fail("messages", "the rendered conversation is empty")
     params = _constrained(sampling.fit(len(token_ids), engine, prompt_param="messages"), structured)
@@ -204,19 +204,19 @@ def _constrained(params: SamplingParams, structured: StructuredRequest | None) -
 
 
 def render_chat_prompt(
-    engine: Engine, fields: Fields, *, tools: list[dict[str, Any]] | None = None
+    engine: EngineClient, fields: Fields, *, tools: list[dict[str, Any]] | None = None
 ) -> str:
     """The prompt text of the request's ``messages`` under the model's chat template, with
     ``add_generation_prompt`` and ``chat_template_kwargs`` read from ``fields``."""
     messages = read_messages(fields)
     add_generation_prompt = fields.read_bool("add_generation_prompt", True)
     kwargs = fields.read_object("chat_template_kwargs")
-    template = engine.loaded.chat_template
+    template = engine.chat_template
     for name in sorted(kwargs.body):
         if (error := template.variable_error(name)) is not None:
             kwargs.fail(name, error)
     try:
-        return engine.loaded.render_chat(
+        return engine.render_chat(
             messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
@@ -232,22 +232,22 @@ def _max_token_bytes(tokenizer: Tokenizer) -> int:
 
 
 def check_prompt_text(
-    fields: Fields, param: str, text: str, engine: Engine, *, contexts: int = 1
+    fields: Fields, param: str, text: str, engine: EngineClient, *, contexts: int = 1
 ) -> None:
     """A 400 for a text too long to be ``contexts`` × ``max_seq_len`` tokens, before any time
     goes into tokenizing it (each token stands for at most ``max_token_bytes`` of text)."""
-    limit = contexts * engine.max_seq_len * _max_token_bytes(engine.loaded.tokenizer)
+    limit = contexts * engine.info.max_seq_len * _max_token_bytes(engine.tokenizer)
     if len(text) > limit or len(text.encode()) > limit:
         what = "a prompt of" if contexts == 1 else f"{contexts} prompts of"
         fields.fail(
             param,
-            f"the text is longer than {what} max_seq_len ({engine.max_seq_len}) tokens can be "
+            f"the text is longer than {what} max_seq_len ({engine.info.max_seq_len}) tokens can be "
             f"({limit} bytes)",
         )
 
 
 def _read_prompts(
-    fields: Fields, engine: Engine, n: int
+    fields: Fields, engine: EngineClient, n: int
 ) -> list[tuple[str | None, tuple[int, ...]]]:
     value = fields.raw("prompt")
     if value is None:
@@ -270,8 +270,8 @@ def _read_prompts(
             f"{len(items)} prompts x n={n} is {len(items) * n} sequences; at most "
             f"{MAX_SEQUENCES_PER_REQUEST} in one request",
         )
-    tokenizer = engine.loaded.tokenizer
-    vocab_size = engine.loaded.config.vocab_size
+    tokenizer = engine.tokenizer
+    vocab_size = engine.info.config.vocab_size
     prompts: list[tuple[str | None, tuple[int, ...]]] = []
     for item in items:
         if isinstance(item, str):

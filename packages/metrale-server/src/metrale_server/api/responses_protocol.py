@@ -30,7 +30,7 @@ from metrale_server.api.errors import ApiError
 from metrale_server.api.fields import Fields, describe
 from metrale_server.api.protocol import ChatRequest, parse_chat_request
 from metrale_server.api.responses_store import ResponseStore
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 
 ROLES = ("user", "system", "developer", "assistant")
 TOOL_CHOICES = ("auto", "none", "required")
@@ -58,7 +58,7 @@ class ResponsesRequest:
 
 def parse_responses_request(
     body: dict[str, Any],
-    engine: Engine,
+    engine: EngineClient,
     served_model_name: str,
     *,
     store: ResponseStore,

@@ -51,7 +51,7 @@ async def create_response(request: Request, *, state: ServerState) -> Response:
     )
     try:
         grammar = await compile_structured(
-            lambda: state.engine.core.grammar_compiler, parsed.chat.structured, state.preparer
+            lambda: state.engine.grammar_compiler, parsed.chat.structured, state.preparer
         )
     except ApiError as error:
         raise renamed(error) from error

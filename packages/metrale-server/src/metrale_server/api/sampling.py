@@ -6,7 +6,8 @@ import attrs
 
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe, is_int
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
+from metrale_server.sampling.output_room import OutputRoomError, fit_max_tokens
 from metrale_server.sampling.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 128
@@ -30,27 +31,23 @@ class SamplingRequest:
     max_tokens_param: str
     default_max_tokens: int | None
 
-    def fit(self, num_prompt_tokens: int, engine: Engine, *, prompt_param: str) -> SamplingParams:
-        """The params for one prompt: ``max_tokens`` filled in and checked against max_seq_len."""
-        room = engine.max_seq_len - num_prompt_tokens
-        if room < 1:
+    def fit(
+        self, num_prompt_tokens: int, engine: EngineClient, *, prompt_param: str
+    ) -> SamplingParams:
+        """The params for one prompt: ``max_tokens`` filled in and checked against max_seq_len
+        (:func:`~metrale_server.sampling.output_room.fit_max_tokens`, as the engine checks)."""
+        try:
+            max_tokens = fit_max_tokens(
+                num_prompt_tokens,
+                self.params.max_tokens,
+                engine.info.max_seq_len,
+                default=self.default_max_tokens,
+            )
+        except OutputRoomError as error:
             raise bad_request(
-                f"the prompt has {num_prompt_tokens} tokens; the model's max_seq_len is "
-                f"{engine.max_seq_len}, which leaves no room for output",
-                param=prompt_param,
-            )
-        max_tokens = self.params.max_tokens
-        if max_tokens is None:
-            max_tokens = (
-                room if self.default_max_tokens is None else min(self.default_max_tokens, room)
-            )
-        elif max_tokens > room:
-            raise bad_request(
-                f"{self.max_tokens_param}: the prompt ({num_prompt_tokens} tokens) + "
-                f"{self.max_tokens_param} ({max_tokens}) exceeds the model's max_seq_len "
-                f"({engine.max_seq_len})",
-                param=self.max_tokens_param,
-            )
+                error.describe(max_tokens_param=self.max_tokens_param),
+                param=prompt_param if error.max_tokens is None else self.max_tokens_param,
+            ) from error
         if self.params.min_tokens > max_tokens:
             raise bad_request(
                 f"min_tokens ({self.params.min_tokens}) exceeds max_tokens ({max_tokens})",
@@ -61,7 +58,7 @@ class SamplingRequest:
 
 def parse_sampling(
     fields: Fields,
-    engine: Engine,
+    engine: EngineClient,
     *,
     max_tokens_names: tuple[str, ...],
     default_max_tokens: int | None,
@@ -72,12 +69,14 @@ def parse_sampling(
     ``max_tokens_names`` are the accepted spellings, preferred first; ``logprobs`` is already
     read (its field differs per endpoint).
     """
-    vocab_size = engine.loaded.config.vocab_size
+    vocab_size = engine.info.config.vocab_size
     # Every spelling is looked at (so none is refused as unread); the preferred one wins.
     given = [name for name in max_tokens_names if fields.has(name)]
     max_tokens_param = given[0] if given else max_tokens_names[0]
-    max_tokens = fields.read_optional_int(max_tokens_param, minimum=1, maximum=engine.max_seq_len)
-    max_n = min(MAX_N, engine.max_batch_size)
+    max_tokens = fields.read_optional_int(
+        max_tokens_param, minimum=1, maximum=engine.info.max_seq_len
+    )
+    max_n = min(MAX_N, engine.info.max_batch_size)
     best_of = fields.read_optional_int("best_of", minimum=1)
     n = fields.read_int("n", 1, minimum=1, maximum=max_n)
     if best_of is not None and best_of != n:

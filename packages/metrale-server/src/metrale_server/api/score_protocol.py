@@ -10,7 +10,7 @@ import attrs
 from metrale_server.api.fields import Fields, describe
 from metrale_server.api.pooling import check_num_inputs, encode_input, pooling_prompt
 from metrale_server.api.protocol import Prompt, check_model
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.pooling.model_task import ModelTask
 from metrale_server.pooling.score_prompt import DEFAULT_INSTRUCTION, score_prompt
 
@@ -34,7 +34,7 @@ class RerankRequest:
 
 
 def parse_score_request(
-    body: dict[str, Any], engine: Engine, served_model_name: str, task: ModelTask
+    body: dict[str, Any], engine: EngineClient, served_model_name: str, task: ModelTask
 ) -> ScoreRequest:
     """``text_1`` and ``text_2`` (a string or an array of strings each) pair as vLLM pairs
     them: 1:1, 1:N (the one ``text_1`` with each ``text_2``) or N:N (element by element)."""
@@ -61,7 +61,7 @@ def parse_score_request(
 
 
 def parse_rerank_request(
-    body: dict[str, Any], engine: Engine, served_model_name: str, task: ModelTask
+    body: dict[str, Any], engine: EngineClient, served_model_name: str, task: ModelTask
 ) -> RerankRequest:
     """``documents``: strings, or objects with a ``text``; ``top_n`` 0 or absent: all."""
     fields = Fields(body)
@@ -85,7 +85,7 @@ def parse_rerank_request(
 
 def _prompts(
     fields: Fields,
-    engine: Engine,
+    engine: EngineClient,
     task: ModelTask,
     instruction: str,
     pairs: list[tuple[str, str, str]],

@@ -11,8 +11,7 @@ from metrale_server.api.logprobs import TokenTexts
 from metrale_server.api.metrics import ServerMetrics
 from metrale_server.api.prepare import RequestPreparer
 from metrale_server.api.responses_store import ResponseStore
-from metrale_server.engine.async_engine import AsyncEngine
-from metrale_server.engine.engine import Engine
+from metrale_server.engine.client import EngineClient
 from metrale_server.pooling.model_task import ModelTask
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -51,8 +50,7 @@ class ServerState:
     answers 400 (:mod:`metrale_server.api.task_check`).
     """
 
-    async_engine: AsyncEngine
-    engine: Engine
+    engine: EngineClient
     served_model_name: str
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
     request_timeout_s: float | None = attrs.field(default=None, converter=_timeout_s)
@@ -69,13 +67,11 @@ class ServerState:
         )
     )
     token_texts: TokenTexts = attrs.field(
-        default=attrs.Factory(
-            lambda self: TokenTexts(self.engine.loaded.tokenizer), takes_self=True
-        ),
+        default=attrs.Factory(lambda self: TokenTexts(self.engine.tokenizer), takes_self=True),
         repr=False,
     )
     task: ModelTask = attrs.field(
-        default=attrs.Factory(lambda self: self.engine.task, takes_self=True)
+        default=attrs.Factory(lambda self: self.engine.info.task, takes_self=True)
     )
     preparer: RequestPreparer = attrs.field(factory=RequestPreparer, repr=False)
     # The Responses API's stored responses (host heap, outside the memory plan).

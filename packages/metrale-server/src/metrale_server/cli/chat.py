@@ -146,11 +146,11 @@ def chat(
 
     backend: ChatBackend
     if model is not None:
-        from metrale_server.engine.engine import Engine
+        from metrale_server.engine.bootstrap import build_engine
 
         engine_model, _ = locate_model(model, revision=revision, offline=offline)
         try:
-            engine = Engine(plan.engine_args(engine_model))
+            engine = build_engine(plan.engine_args(engine_model))
             engine.wait_for_native_kernels()
         except (ValueError, OSError) as error:
             raise click.ClickException(str(error)) from error

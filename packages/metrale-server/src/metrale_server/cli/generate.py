@@ -29,11 +29,11 @@ def run_generate(
     out: TextIO,
 ) -> None:
     """Errors reach the user as ``ValueError`` (``RequestError`` included) or ``OSError``."""
+    from metrale_server.engine.bootstrap import build_engine
     from metrale_server.engine.core import RequestError
-    from metrale_server.engine.engine import Engine
     from metrale_server.sampling.params import SamplingParams
 
-    engine = Engine(engine_args)
+    engine = build_engine(engine_args)
     engine.wait_for_native_kernels()
     loaded = engine.loaded
     if chat:

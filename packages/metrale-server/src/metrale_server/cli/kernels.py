@@ -63,7 +63,7 @@ def cpu(fresh: bool) -> None:
     import tempfile
     from pathlib import Path
 
-    from metrale_kernels.native import NativeBuildError, load_native_ops
+    from metrale_kernels.cpu.native import NativeBuildError, load_native_ops
 
     with tempfile.TemporaryDirectory(prefix="metrale-native-") as scratch:
         try:

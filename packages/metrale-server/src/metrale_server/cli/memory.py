@@ -40,7 +40,7 @@ def memory(
     downloaded (a hub repo id must be in the HF hub cache). Exits 1 when the serve would not
     fit, naming the term and the flags to change.
     """
-    from metrale_server.memory.plan_report import run_memory
+    from metrale_server.cli.memory_report import run_memory
 
     check_environment_or_exit()
     if model is None or not (Path(model).is_file() and Path(model).suffix == ".json"):

@@ -25,10 +25,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, cast
 
-import attrs
 from hypercorn.config import Config, Sockets
 
-from metrale_model_arch import load_model
 from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan, MemoryPlanError
 from metrale_server.api.loading_app import LoadingApp
@@ -43,16 +41,14 @@ from metrale_server.cli.serve_args import ServeArgs, default_max_queued_requests
 from metrale_server.devices import (
     format_choice_lines,
     kernel_summary,
-    resolve_device,
-    resolve_dtype,
 )
+from metrale_server.engine.bootstrap import build_engine
 from metrale_server.engine.distributed.process_group import backend_for
 from metrale_server.engine.engine import Engine
 from metrale_server.engine.layer_compiler import LayerCompiler
+from metrale_server.engine.rank_setup import plan_engine, resolve_target
 from metrale_server.memory.host_memory import record_mem_available_at_start
-from metrale_server.memory.ledger import MemoryLedger
-from metrale_server.memory.preflight import PreflightError, plan_engine_memory, plan_log_lines
-from metrale_server.pooling.model_task import engine_model_config, serves_embeddings
+from metrale_server.memory.preflight import PreflightError, plan_log_lines
 from metrale_server.structured import GRAMMAR_BACKEND
 from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
@@ -199,17 +195,11 @@ def preflight(args: ServeArgs) -> MemoryPlan:
     record_mem_available_at_start()
     engine_args = args.engine_args
     try:
-        device = resolve_device(engine_args.device)  # the CLI has checked it already
-        config = engine_model_config(engine_args)
+        target = resolve_target(engine_args)  # the CLI has checked the device already
     except (ValueError, OSError) as error:  # ConfigError is a ValueError
         raise ServeError(f"cannot read the model's config: {error}") from error
     try:
-        plan = plan_engine_memory(
-            engine_args,
-            config,
-            device=device,
-            dtype=resolve_dtype(engine_args.dtype, device, config),
-        )
+        plan = plan_engine(engine_args, target)
     except (MemoryPlanError, PreflightError) as error:
         raise ServeError(f"memory preflight: {error}") from error
     except ValueError as error:  # a format the model type has no path for
@@ -219,7 +209,7 @@ def preflight(args: ServeArgs) -> MemoryPlan:
             "tensor parallel size %d: the plan below is each rank's",
             engine_args.tensor_parallel_size,
         )
-    for line in plan_log_lines(plan, config):
+    for line in plan_log_lines(plan, target.config):
         logger.info("%s", line)
     return plan
 
@@ -227,52 +217,16 @@ def preflight(args: ServeArgs) -> MemoryPlan:
 def load_engine(
     args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
 ) -> Engine:
-    """:func:`build_engine`, then, on a first start on a CPU, the build of the native kernels
-    (the log names each source as it compiles): until they are built the reference ops would
-    serve, and on the default model's q4 weights those take tens of times longer."""
-    engine = build_engine(args, plan, on_progress)
+    """:func:`~metrale_server.engine.bootstrap.build_engine` (with ``--chat-template`` in place
+    of the model's own; ``on_progress(done, total)`` per checkpoint tensor), then, on a first
+    start on a CPU, the build of the native kernels (the log names each source as it
+    compiles): until they are built the reference ops would serve, and on the default model's
+    q4 weights those take tens of times longer."""
+    engine = build_engine(
+        args.engine_args, plan=plan, chat_template=args.chat_template, on_progress=on_progress
+    )
     engine.wait_for_native_kernels()
     return engine
-
-
-def build_engine(
-    args: ServeArgs, plan: MemoryPlan, on_progress: ProgressObserver | None = None
-) -> Engine:
-    """Load the model through the allocation ledger (with ``--chat-template`` in place of its
-    own; ``on_progress(done, total)`` per checkpoint tensor) and build the engine the plan
-    sized."""
-    engine_args = args.engine_args
-    device = resolve_device(engine_args.device)
-    ledger = MemoryLedger()
-    if engine_args.tensor_parallel_size > 1:
-        # The engine starts (or joins) the other ranks, then loads rank 0's shard itself.
-        engine = Engine(engine_args, None, plan=plan, ledger=ledger)
-        if args.chat_template is not None:
-            engine.core.loaded = attrs.evolve(
-                engine.core.loaded,
-                chat_template=attrs.evolve(
-                    args.chat_template,
-                    special_tokens=engine.core.loaded.tokenizer.special_tokens_map,
-                ),
-            )
-        return engine
-    loaded = load_model(
-        engine_args.model,
-        dtype=resolve_dtype(engine_args.dtype, device, engine_model_config(engine_args)),
-        device=device,
-        max_seq_len=plan.inputs.max_seq_len,
-        allocator=ledger.allocate,
-        on_progress=on_progress,
-        quantization=plan.inputs.quantization,
-        kernel_backend=engine_args.kernel_backend,
-        without_head=serves_embeddings(engine_args.task, engine_args.model),
-    )
-    if args.chat_template is not None:
-        template = attrs.evolve(
-            args.chat_template, special_tokens=loaded.tokenizer.special_tokens_map
-        )
-        loaded = attrs.evolve(loaded, chat_template=template)
-    return Engine(engine_args, loaded, plan=plan, ledger=ledger)
 
 
 def log_boot(engine: Engine, args: ServeArgs) -> None:
@@ -368,6 +322,7 @@ async def _serve(
     stop = asyncio.Event()
     exit_code = 0
     state: ServerState | None = None
+    serving: AsyncEngine | None = None
     background: list[threading.Thread] = []
     loop = asyncio.get_running_loop()
 
@@ -395,7 +350,7 @@ async def _serve(
         stop.set()
 
     async def load() -> AsyncEngine | None:
-        nonlocal exit_code, state
+        nonlocal exit_code, state, serving
         try:
             engine = await asyncio.wrap_future(loading)
         except Exception as error:
@@ -403,7 +358,7 @@ async def _serve(
             exit_code = EXIT_LOAD_FAILED
             stop.set()
             return None
-        async_engine = AsyncEngine(engine)
+        async_engine = serving = AsyncEngine(engine)
         if engine.core.parallel is not None:
 
             def worker_lost(message: str) -> None:
@@ -411,8 +366,7 @@ async def _serve(
 
             engine.core.parallel.channel.on_failure(worker_lost)
         state = ServerState(
-            async_engine=async_engine,
-            engine=engine,
+            engine=async_engine,
             served_model_name=args.served_model_name,
             api_keys=args.api_keys,
             request_timeout_s=args.request_timeout_s,
@@ -423,7 +377,7 @@ async def _serve(
             allowed_origins=args.allowed_origins,
             protect_observability=args.protect_observability,
             max_queued_requests=queue_bound(args, engine),
-            metrics=LoggingServerMetrics(engine, args.served_model_name),
+            metrics=LoggingServerMetrics(async_engine, args.served_model_name),
             is_draining=stop.is_set(),
         )
         connections.limit = max_connections(args, engine, connections.open_files_limit)
@@ -464,7 +418,8 @@ async def _serve(
                 "drain timeout: stopping the engine under %d running requests",
                 state.num_active_requests,
             )
-            await asyncio.to_thread(state.async_engine.shutdown)
+            assert serving is not None  # set with state
+            await asyncio.to_thread(serving.shutdown)
 
     loader = asyncio.create_task(load())
     try:

@@ -6,27 +6,31 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
+from metrale_model_arch import ChatTemplate, Tokenizer
+from metrale_server.engine.client import EngineInfo
 from metrale_server.engine.core import RequestError
+from metrale_server.engine.core_request import EngineCoreRequest
 from metrale_server.engine.engine import Engine
+from metrale_server.engine.layer_compiler import LayerCompiler
+from metrale_server.engine.stats import EngineStats
+from metrale_server.memory.report import memory_report
 from metrale_server.output.core_output import EngineCoreOutput
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import RequestOutputKind
 from metrale_server.sampling.params import SamplingParams
-from metrale_server.structured import CompiledGrammar
+from metrale_server.structured import CompiledGrammar, GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
 class _Add:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-    grammar: CompiledGrammar | None
+    request: EngineCoreRequest
 
 
 @attrs.frozen
@@ -65,6 +69,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.core = engine.core
+        self.info = engine_info(engine)
         self._processor = engine.processor
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[
@@ -77,6 +82,53 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive()
+
+    # -- what the API reads (``EngineClient``) ----------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.core.loaded.tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self.core.loaded.chat_template
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return self.core.loaded.render_chat(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            template_kwargs=template_kwargs,
+        )
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        return self.core.grammar_compiler
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.published_stats
+
+    def layer_steps(self) -> str:
+        return LayerCompiler.state(self.core.compiler, self.core.loaded.model)
+
+    def memory_document(self) -> dict[str, Any]:
+        core = self.core
+        document = memory_report(core.plan, core.ledger, core.loaded.device).to_json()
+        if core.rank_memory:
+            # Every rank's plan and ledger as each stood once loaded (nothing is allocated later).
+            document["ranks"] = [rank.to_json() for rank in core.rank_memory]
+        return document
+
+    def live_bytes_by_owner(self) -> dict[str, int]:
+        return self.core.ledger.live_bytes_by_owner()
 
     def add_request(
         self,
@@ -92,18 +144,17 @@ class AsyncEngine:
         compiled grammar and never compiles."""
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running")
-        prompt_ids = tuple(int(t) for t in prompt_token_ids)
-        if grammar is None:
-            grammar = self.core.compile_grammar(params)
-        params = self.core.check_request(prompt_ids, params, grammar=grammar)
+        request = self.core.make_request(request_id, prompt_token_ids, params, grammar=grammar)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._streams[request_id] = (loop, stream)
-        self._processor.add_request(request_id, prompt, prompt_ids, params, RequestOutputKind.DELTA)
-        self._commands.put(_Add(request_id, prompt_ids, params, grammar))
+        self._processor.add_request(
+            request_id, prompt, request.prompt_token_ids, request.params, RequestOutputKind.DELTA
+        )
+        self._commands.put(_Add(request))
         return self._iterate(request_id, stream)
 
     async def _iterate(
@@ -122,6 +173,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
+    def _abort_outputs(self, request_id: str, indices: tuple[int, ...] | None) -> None:
+        """End some outputs of a request (all with ``None``), on the engine thread."""
+        self._commands.put(_Abort(request_id, indices))
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         self._commands.put(_Stop())
         self._thread.join(timeout)
@@ -129,12 +184,7 @@ class AsyncEngine:
     # -- the event loop's side --------------------------------------------------------------
 
     def _deliver(self, core_outputs: list[EngineCoreOutput]) -> None:
-        processed = self._processor.process(core_outputs)
-        for request_id, indices in processed.stopped:
-            self._commands.put(_Abort(request_id, indices))
-        for request_id in processed.failed:
-            self._commands.put(_Abort(request_id))
-        for output in processed.outputs:
+        for output in self._processor.apply_core_outputs(core_outputs, self._abort_outputs):
             with self._lock:
                 target = self._streams.get(output.request_id)
                 if target is not None and output.finished:
@@ -190,14 +240,9 @@ class AsyncEngine:
     def _apply(self, command: _Add | _Abort) -> EngineCoreOutput | None:
         if isinstance(command, _Add):
             try:
-                self.core.add_request(
-                    command.request_id,
-                    command.prompt_token_ids,
-                    command.params,
-                    grammar=command.grammar,
-                )
+                self.core.add_request(command.request)
             except Exception as error:
-                return _error_output(command.request_id, str(error))
+                return _error_output(command.request.request_id, str(error))
             return None
         return self.core.abort(command.request_id, command.indices)
 
@@ -207,6 +252,28 @@ class AsyncEngine:
         for request_id in request_ids:
             self.core.abort(request_id)
         self._publish([_error_output(request_id, message) for request_id in request_ids])
+
+
+def engine_info(engine: Engine) -> EngineInfo:
+    """What ``engine`` was built with, as an ``EngineClient`` tells it."""
+    core, loaded = engine.core, engine.loaded
+    return EngineInfo(
+        source=loaded.source,
+        config=loaded.config,
+        task=core.task,
+        dtype=loaded.dtype,
+        quantization=str(loaded.quantization),
+        kernels=loaded.model.backend.describe(),
+        device=loaded.device,
+        max_seq_len=core.max_seq_len,
+        max_batch_size=core.max_batch_size,
+        max_batch_tokens=core.args.max_batch_tokens,
+        num_kv_blocks=core.num_kv_blocks,
+        block_size=core.block_size,
+        kv_block_bytes=core.plan.kv_block_bytes,
+        budget_bytes=core.plan.budget_bytes,
+        is_prefix_caching=core.prefix_caching,
+    )
 
 
 def _error_output(request_id: str, message: str) -> EngineCoreOutput:

@@ -10,13 +10,11 @@ from collections.abc import Sequence as SequenceOf
 
 import attrs
 
-from metrale_model_arch import LoadedModel, load_model
-from metrale_model_arch.memory import ROPE_TABLE, MemoryPlan, draft_max_seq_len, weight_owner
-from metrale_model_arch.owners import ROPE_TABLE_BUFFER
-from metrale_model_arch.parallel import TensorShard, check_runs_split
+from metrale_model_arch import LoadedModel
+from metrale_model_arch.memory import MemoryPlan
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype
 from metrale_server.engine.block_manager import BlockManager
+from metrale_server.engine.core_request import EngineCoreRequest
 from metrale_server.engine.distributed.rank_memory import RankMemory
 from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
@@ -27,34 +25,18 @@ from metrale_server.engine.sequence import Sequence, SequenceStatus
 from metrale_server.engine.sequence_group import SequenceGroup
 from metrale_server.engine.stats import EngineStats
 from metrale_server.engine.step_result import SampledToken, StepResult
+from metrale_server.engine.stop_check import StopReason, check_stop
 from metrale_server.memory.ledger import MemoryLedger
-from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.output.core_output import EngineCoreOutput, SequenceDelta
 from metrale_server.output.outputs import TokenLogprob
-from metrale_server.pooling.model_task import (
-    engine_model_config,
-    resolve_model_task,
-    serves_embeddings,
-)
+from metrale_server.pooling.model_task import ModelTask
+from metrale_server.sampling.output_room import OutputRoomError, fit_max_tokens
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
-from metrale_server.speculative import DraftModelProposer, check_same_tokenizer, propose_ngram
-from metrale_server.speculative.draft_model import draft_allocator
+from metrale_server.speculative import DraftModelProposer, propose_ngram
 from metrale_server.structured import CompiledGrammar, GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
-
-
-def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
-    """``args`` with what rank 0's plan decided fixed, so every rank plans the same shape."""
-    return attrs.evolve(
-        args,
-        num_kv_blocks=plan.kv_blocks,
-        max_batch_size=plan.max_batch_size,
-        max_seq_len=plan.inputs.max_seq_len,
-        quantization=plan.inputs.quantization.value,
-        block_size=plan.inputs.block_size,
-    )
 
 
 class SamplingFaultError(RuntimeError):
@@ -74,6 +56,25 @@ class RequestError(ValueError):
     """A request the engine refuses before it runs (it could never fit, or is malformed)."""
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class EngineParts:
+    """What an ``EngineCore`` runs on, all built (by
+    :func:`~metrale_server.engine.bootstrap.build_engine`): ``args`` with the plan's block size,
+    the model loaded through ``ledger``, the runner over the KV pool the plan sized, the other
+    ranks (``parallel``) and what each holds, the draft model, the layer compiler."""
+
+    args: EngineArgs
+    plan: MemoryPlan
+    loaded: LoadedModel
+    ledger: MemoryLedger
+    task: ModelTask
+    runner: ModelRunner
+    parallel: TensorParallelGroup | None = None
+    rank_memory: tuple[RankMemory, ...] = ()
+    draft_proposer: DraftModelProposer | None = None
+    compiler: LayerCompiler | None = None
+
+
 class EngineCore:
     """Continuous batching over one paged KV pool; emits token ids, never text.
 
@@ -84,121 +85,40 @@ class EngineCore:
     found), and frees what they hold. Not thread-safe: one thread drives it.
     """
 
-    def __init__(
-        self,
-        args: EngineArgs,
-        loaded: LoadedModel | None = None,
-        *,
-        plan: MemoryPlan | None = None,
-        ledger: MemoryLedger | None = None,
-    ) -> None:
-        """Plan memory from the config (raising ``MemoryPlanError`` before anything loads when
-        it does not fit), load the model through the ledger, then allocate the KV pool and step
-        arena the plan sized. A ``loaded`` model is charged to a new ledger unless ``ledger``
-        (through which it was loaded) is given."""
-        world_size = args.tensor_parallel_size
-        if world_size > 1 and loaded is not None:
-            raise ValueError(
-                "tensor_parallel_size > 1: the engine loads each rank's shard itself; "
-                "pass no loaded model"
-            )
-        self.parallel: TensorParallelGroup | None = None
-        if loaded is not None and ledger is None:
-            ledger = MemoryLedger()
-            _adopt_model(ledger, loaded)
-        self.ledger = ledger if ledger is not None else MemoryLedger()
-        if loaded is None:
-            device = resolve_device(args.device)
-            config = engine_model_config(args)
-            dtype = resolve_dtype(args.dtype, device, config)
-            if plan is None:
-                plan = plan_engine_memory(args, config, device=device, dtype=dtype)
-            shard = None
-            if world_size > 1:
-                check_runs_split(config, world_size)
-                self.parallel = TensorParallelGroup.start(world_size, device.type)
-                self.parallel.share(worker_engine_args(args, plan))
-                shard = TensorShard(rank=0, world_size=world_size)
-            try:
-                loaded = load_model(
-                    args.model,
-                    dtype=dtype,
-                    device=device,
-                    max_seq_len=plan.inputs.max_seq_len,
-                    allocator=self.ledger.allocate,
-                    quantization=plan.inputs.quantization,
-                    shard=shard,
-                    kernel_backend=args.kernel_backend,
-                    without_head=serves_embeddings(args.task, args.model),
-                )
-            except BaseException:
-                self.close()
-                raise
-        elif plan is None:
-            max_seq_len = min(args.max_seq_len or loaded.max_seq_len, loaded.max_seq_len)
-            plan = plan_engine_memory(
-                attrs.evolve(args, max_seq_len=max_seq_len),
-                loaded.config,
-                device=loaded.device,
-                dtype=loaded.dtype,
-                quantization=loaded.quantization,
-            )
-        self.loaded = loaded
+    def __init__(self, parts: EngineParts) -> None:
+        """Run on ``parts`` (see :func:`~metrale_server.engine.bootstrap.build_engine`)."""
+        self.args = parts.args
+        self.plan = parts.plan
+        self.loaded = parts.loaded
+        self.ledger = parts.ledger
         # What the model serves: generation, or pooling requests of this kind.
-        self.task = resolve_model_task(args.task, loaded)
-        self.block_size = plan.inputs.block_size
-        self.args = attrs.evolve(args, block_size=self.block_size)
-        self.plan = plan
-        self.max_seq_len = plan.inputs.max_seq_len
-        self.max_batch_size = plan.max_batch_size
-        self.num_kv_blocks = plan.kv_blocks
-        self.runner = ModelRunner(
-            loaded,
-            num_blocks=self.num_kv_blocks,
-            block_size=self.block_size,
-            max_batch_tokens=args.max_batch_tokens,
-            max_batch_size=self.max_batch_size,
-            max_seq_len=self.max_seq_len,
-            allocator=self.ledger.allocate,
-            seed=args.seed,
-            indexer_paged=plan.inputs.indexer_paged,
-        )
-        self.rank_memory: tuple[RankMemory, ...] = ()
-        if self.parallel is not None:
-            own = RankMemory(
-                rank=0,
-                planned_by_owner=plan.allocated_by_owner(),
-                ledger_by_owner=self.ledger.live_bytes_by_owner(),
-            )
-            self.rank_memory = self.parallel.collect_memory(own)
-            self.runner.workers = self.parallel.channel
+        self.task = parts.task
+        self.runner = parts.runner
+        self.parallel = parts.parallel
+        self.rank_memory = parts.rank_memory
+        self.draft_proposer = parts.draft_proposer
+        self.compiler = parts.compiler
+        self.block_size = parts.plan.inputs.block_size
+        self.max_seq_len = parts.plan.inputs.max_seq_len
+        self.max_batch_size = parts.plan.max_batch_size
+        self.num_kv_blocks = parts.plan.kv_blocks
         # A prefix-cache hit skips the prefix's forward, so state kept per sequence rather than
         # in blocks (linear attention, a flat indexer) would start from nothing: off for such
         # models (the boot log says so).
         self.has_sequence_state = bool(self.runner.seq_states.allocations)
-        self.prefix_caching = args.enable_prefix_caching and not self.has_sequence_state
+        self.prefix_caching = self.args.enable_prefix_caching and not self.has_sequence_state
         self.block_manager = BlockManager(
             self.num_kv_blocks, self.block_size, enable_prefix_caching=self.prefix_caching
         )
-        if args.speculative_config is not None and self.has_sequence_state:
-            raise ValueError(
-                "speculative decoding needs a model without per-sequence state "
-                f"({loaded.config.model_type} keeps some)"
-            )
-        self.draft_proposer = self._load_draft_proposer()
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_batch_size=self.max_batch_size, max_batch_tokens=args.max_batch_tokens
+                max_batch_size=self.max_batch_size, max_batch_tokens=self.args.max_batch_tokens
             ),
             self.block_manager,
-            proposer=None if args.speculative_config is None else self._propose,
+            proposer=None if self.args.speculative_config is None else self._propose,
             on_release=None if self.draft_proposer is None else self.draft_proposer.release,
         )
-        # NOTE: the compiled layer steps would trace the collectives of a split model: eager.
-        self.compiler = LayerCompiler.start_if_useful(
-            loaded.model, enforce_eager=args.enforce_eager or world_size > 1
-        )
-        self.eos_token_ids = loaded.eos_token_ids
+        self.eos_token_ids = self.loaded.eos_token_ids
         self._grammar_compiler: GrammarCompiler | None = None
         self._grammar_compiler_lock = threading.Lock()
         self._groups: dict[str, SequenceGroup] = {}
@@ -248,7 +168,7 @@ class EngineCore:
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 
-    def add_request(
+    def make_request(
         self,
         request_id: str,
         prompt_token_ids: SequenceOf[int],
@@ -256,35 +176,47 @@ class EngineCore:
         *,
         arrival_time: float | None = None,
         grammar: CompiledGrammar | None = None,
-    ) -> None:
-        """Queue a request. ``grammar`` is its constraint compiled by the caller (the server
-        compiles on its preparation threads, so this thread never does); compiled here (or
-        taken from the cache) when not given."""
-        if request_id in self._groups:
-            raise RequestError(f"request id {request_id!r} is already running")
+    ) -> EngineCoreRequest:
+        """The request, checked (``RequestError`` for one that can never run). ``grammar`` is
+        its constraint compiled by the caller (the server compiles on its preparation threads);
+        compiled here (or taken from the cache) when not given. Any thread may call it."""
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
         if grammar is None:
             grammar = self.compile_grammar(params)
-        params = self.check_request(prompt_ids, params, grammar=grammar)
-        arrival = time.monotonic() if arrival_time is None else arrival_time
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            params=self.check_request(prompt_ids, params, grammar=grammar),
+            grammar=grammar,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a checked request (:meth:`make_request`); ``RequestError`` when its id is
+        running already."""
+        request_id, params = request.request_id, request.params
+        if request_id in self._groups:
+            raise RequestError(f"request id {request_id!r} is already running")
         seqs = [
             Sequence(
                 seq_id=next(self._seq_ids),
                 request_id=request_id,
-                prompt_token_ids=prompt_ids,
+                prompt_token_ids=request.prompt_token_ids,
                 params=params,
-                arrival_time=arrival,
+                arrival_time=request.arrival_time,
                 index=index,
                 generator=(
                     None
                     if params.seed is None
                     else make_seeded_generator(params.seed + index, self.loaded.device)
                 ),
-                grammar=None if grammar is None else grammar.matcher(),
+                grammar=None if request.grammar is None else request.grammar.matcher(),
             )
             for index in range(params.n)
         ]
-        group = SequenceGroup(request_id=request_id, seqs=seqs, params=params, arrival_time=arrival)
+        group = SequenceGroup(
+            request_id=request_id, seqs=seqs, params=params, arrival_time=request.arrival_time
+        )
         self._groups[request_id] = group
         self.scheduler.add(group)
 
@@ -334,20 +266,11 @@ class EngineCore:
 
     def _fit_max_tokens(self, prompt: tuple[int, ...], params: SamplingParams) -> SamplingParams:
         """``params`` with ``max_tokens`` filled in (the room the prompt leaves) and checked."""
-        room = self.max_seq_len - len(prompt)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}, "
-                "which leaves no room for output"
-            )
-        if params.max_tokens is None:
-            return attrs.evolve(params, max_tokens=room)
-        if len(prompt) + params.max_tokens > self.max_seq_len:
-            raise RequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_seq_len ({self.max_seq_len})"
-            )
-        return params
+        try:
+            max_tokens = fit_max_tokens(len(prompt), params.max_tokens, self.max_seq_len)
+        except OutputRoomError as error:
+            raise RequestError(str(error)) from error
+        return attrs.evolve(params, max_tokens=max_tokens)
 
     def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
         """The request's compiled constraint (from the cache when it is there), ``None`` when
@@ -370,6 +293,7 @@ class EngineCore:
         if indices is None or all(seq.is_finished or seq.index in indices for seq in group.seqs):
             self._groups.pop(request_id)
             self.scheduler.abort(request_id)
+            self._count_finished(1)
             deltas = tuple(
                 SequenceDelta(index=s.index, new_token_ids=(), finish_reason="abort")
                 for s in group.seqs
@@ -437,6 +361,7 @@ class EngineCore:
         finished = {group.request_id for group in self.scheduler.free_finished()}
         for request_id in finished:
             self._groups.pop(request_id, None)
+        self._count_finished(len(finished))
         outputs = [
             EngineCoreOutput(
                 request_id=request_id,
@@ -512,32 +437,6 @@ class EngineCore:
             num_accepted_by_position=tuple(by_position),
         )
 
-    def _load_draft_proposer(self) -> DraftModelProposer | None:
-        """The draft model of ``--speculative-config`` (method draft_model), loaded through the
-        ledger under its own owners, with its KV pool; ``None`` for any other method."""
-        speculative, draft_inputs = self.args.speculative_config, self.plan.inputs.draft
-        if speculative is None or speculative.model is None:
-            return None
-        assert draft_inputs is not None  # the plan reserved for it
-        draft = load_model(
-            speculative.model,
-            dtype=self.loaded.dtype,
-            device=self.loaded.device,
-            max_seq_len=draft_max_seq_len(draft_inputs.config, self.max_seq_len),
-            allocator=draft_allocator(self.ledger.allocate),
-            quantization=draft_inputs.quantization,
-        )
-        check_same_tokenizer(self.loaded, draft)
-        return DraftModelProposer(
-            draft,
-            num_slots=self.max_batch_size,
-            num_blocks=self.num_kv_blocks,
-            max_seq_len=self.max_seq_len,
-            block_size=self.block_size,
-            vocab_size=self.loaded.config.vocab_size,
-            allocator=self.ledger.allocate,
-        )
-
     def _propose(self, seqs: list[Sequence], max_tokens: int) -> list[tuple[int, ...]]:
         """Drafts for sequences about to decode (``()`` for those that take none)."""
         config = self.args.speculative_config
@@ -574,28 +473,21 @@ class EngineCore:
             seq.status = SequenceStatus.FINISHED
             seq.pool_state = None
             return SequenceDelta(index=seq.index, new_token_ids=(), finish_reason="stop")
-        params = seq.params
         seq.append_token(token_id)
-        finish_reason: str | None = None
-        stop_token_id: int | None = None
         if seq.grammar is not None and not self._advance_grammar(seq, token_id):
-            finish_reason = "stop"
-        elif token_id in params.stop_token_ids:
-            finish_reason, stop_token_id = "stop", token_id
-        elif not params.ignore_eos and token_id in self.eos_token_ids:
-            finish_reason = "stop"
-        elif (
-            params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens
-        ) or seq.num_tokens >= self.max_seq_len:
-            finish_reason = "length"
-        if finish_reason is not None:
+            stop: StopReason | None = StopReason("stop")
+        else:
+            stop = check_stop(
+                seq, token_id, eos_token_ids=self.eos_token_ids, max_seq_len=self.max_seq_len
+            )
+        if stop is not None:
             seq.status = SequenceStatus.FINISHED
         return SequenceDelta(
             index=seq.index,
             new_token_ids=(token_id,),
             new_logprobs=None if token.logprob is None else (token.logprob,),
-            finish_reason=finish_reason,
-            stop_token_id=stop_token_id,
+            finish_reason=None if stop is None else stop.finish_reason,
+            stop_token_id=None if stop is None else stop.stop_token_id,
         )
 
     def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
@@ -617,6 +509,12 @@ class EngineCore:
             raise GrammarFaultError(f"the grammar refused token {token_id} that its mask allowed")
         return not grammar.is_terminated
 
+    def _count_finished(self, num_requests: int) -> None:
+        """Requests leave the core here (finished, aborted or failed), whatever drives it."""
+        self._stats = attrs.evolve(
+            self._stats, num_finished_requests=self._stats.num_finished_requests + num_requests
+        )
+
     def _count(self, step: SchedulerStep, num_sampled: int) -> None:
         prompt_tokens = partial = forked = 0
         for chunk in step.chunks:
@@ -636,11 +534,6 @@ class EngineCore:
             num_generated_tokens=stats.num_generated_tokens + num_sampled,
         )
 
-    def count_finished(self, num_requests: int) -> None:
-        self._stats = attrs.evolve(
-            self._stats, num_finished_requests=self._stats.num_finished_requests + num_requests
-        )
-
 
 def _record_prompt_reads(result: StepResult) -> None:
     """Keep what the step read of prompts on their sequences: prompt logprobs (each position
@@ -652,12 +545,3 @@ def _record_prompt_reads(result: StepResult) -> None:
         seq.prompt_logprobs += read.entries[overlap:]
     for seq, state in result.pool_states:
         seq.pool_state = state
-
-
-def _adopt_model(ledger: MemoryLedger, loaded: LoadedModel) -> None:
-    for name, param in loaded.model.named_parameters():
-        ledger.adopt(weight_owner(name), param)
-    for name, buffer in loaded.model.named_buffers():
-        # Int8 weights are buffers too (``qweight``, ``scale``); the RoPE table is the other.
-        owner = ROPE_TABLE if name.endswith(ROPE_TABLE_BUFFER) else weight_owner(name)
-        ledger.adopt(owner, buffer)

@@ -31,16 +31,10 @@ class Engine:
     holds. Not thread-safe (``AsyncEngine`` runs the core on its own thread instead).
     """
 
-    def __init__(
-        self,
-        args: EngineArgs,
-        loaded: LoadedModel | None = None,
-        *,
-        plan: MemoryPlan | None = None,
-        ledger: MemoryLedger | None = None,
-    ) -> None:
-        self.core = EngineCore(args, loaded, plan=plan, ledger=ledger)
-        self.processor = OutputProcessor(self.core.loaded.tokenizer, self.core.eos_token_ids)
+    def __init__(self, core: EngineCore) -> None:
+        """Drive ``core`` (built by :func:`~metrale_server.engine.bootstrap.build_engine`)."""
+        self.core = core
+        self.processor = OutputProcessor(core.loaded.tokenizer, core.eos_token_ids)
 
     def wait_for_native_kernels(self) -> bool:
         """On a first start on a CPU, wait for the native kernels' build (the reference ops
@@ -125,18 +119,17 @@ class Engine:
         kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
     ) -> None:
         """Queue a request; ``prompt`` is its text, if it came as text (reported back only)."""
-        self.core.add_request(request_id, prompt_token_ids, params, arrival_time=arrival_time)
-        self.processor.add_request(request_id, prompt, prompt_token_ids, params, kind)
+        request = self.core.make_request(
+            request_id, prompt_token_ids, params, arrival_time=arrival_time
+        )
+        self.core.add_request(request)
+        self.processor.add_request(
+            request_id, prompt, request.prompt_token_ids, request.params, kind
+        )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         self.core.abort(request_id)
         return self.processor.abort(request_id)
 
     def step(self) -> list[RequestOutput]:
-        processed = self.processor.process(self.core.step())
-        for request_id, indices in processed.stopped:
-            self.core.abort(request_id, indices)
-        for request_id in processed.failed:
-            self.core.abort(request_id)
-        self.core.count_finished(sum(output.finished for output in processed.outputs))
-        return processed.outputs
+        return self.processor.apply_core_outputs(self.core.step(), self.core.abort)

@@ -1,8 +1,10 @@
-"""Compiling the model's layer steps on a background thread while the engine serves eagerly.
+"""The one place a model's layer executor is chosen and installed (``LayerExecutor``: native
+where the cpu backend's native ops run, else compiled unless ``--enforce-eager``, else eager),
+compiling on a background thread while the engine serves eagerly.
 
 A cold compile takes tens of seconds on a small CPU (inductor builds C++); a warm one, from
 inductor's on-disk cache, a few. Either way the server is ready at once: the engine runs the
-eager steps until the compiled ones are swapped in (one attribute, read at the start of each
+eager executor until the compiled one is installed (one attribute, read at the start of each
 forward). A compile that fails leaves the eager steps in place and says why in the log.
 
 The same thread first prepares the kernel backend (the cpu backend builds its native ops
@@ -23,8 +25,9 @@ import threading
 import time
 
 from metrale_model_arch.families.base import CausalLM
-from metrale_model_arch.families.compiled_steps import can_compile, compile_layer_steps
-from metrale_model_arch.families.native_steps import use_native_steps, uses_native_steps
+from metrale_model_arch.families.compiled_steps import can_compile, compile_executor
+from metrale_model_arch.families.llama import LlamaForCausalLM
+from metrale_model_arch.families.native_steps import native_executor
 
 logger = logging.getLogger("metrale.engine")
 
@@ -48,8 +51,8 @@ class LayerCompiler:
     def start_if_useful(cls, model: CausalLM, *, enforce_eager: bool) -> LayerCompiler | None:
         """Start preparing the backend and compiling the steps (unless ``enforce_eager`` or
         ``model`` has no compilable steps); ``None`` when there is nothing to do (the native
-        segments serve already, or there is nothing to build)."""
-        if uses_native_steps(model):
+        executor, its ops built already, is installed at once; or there is nothing to build)."""
+        if install_native_executor(model):
             return None
         compile_steps = not enforce_eager and can_compile(model)
         if not compile_steps and not model.backend.needs_prepare():
@@ -67,18 +70,16 @@ class LayerCompiler:
     def state(compiler: LayerCompiler | None, model: CausalLM) -> str:
         """``native`` (the native one-call segments), ``compiled``, ``compiling`` (a compile or
         a native build is running) or ``eager`` (never compiled, or the compile failed)."""
-        if uses_native_steps(model):
-            return "native"
-        if compiler is None or (compiler.done.is_set() and not compiler.compiled):
-            return "eager"
-        return "compiled" if compiler.done.is_set() else "compiling"
+        if compiler is not None and not compiler.done.is_set():
+            return "compiling"
+        return model.executor_name
 
     @property
     def compiled(self) -> bool:
         """Whether faster steps than the eager ones serve: compiled or native."""
         if not self.done.is_set() or self.error is not None:
             return False
-        return uses_native_steps(self.model) or self.compile_steps
+        return self.model.executor_name != "eager"
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the compile ends; ``True`` if compiled or native steps are in use."""
@@ -91,17 +92,29 @@ class LayerCompiler:
             if self.model.backend.needs_prepare():
                 self.model.backend.prepare()
                 logger.info("kernels: %s", self.model.backend.describe())
-            if use_native_steps(self.model):
+            if install_native_executor(self.model):
                 self.seconds = time.perf_counter() - started
                 logger.info("layer steps: native segments ready in %.1f s", self.seconds)
                 return
             self.prepared.set()
             if not self.compile_steps:
                 return
-            self.seconds = compile_layer_steps(self.model)  # type: ignore[arg-type]
+            assert isinstance(self.model, LlamaForCausalLM)  # what can_compile said
+            self.model.install_executor(compile_executor(self.model))
+            self.seconds = time.perf_counter() - started
         except Exception as error:
             self.error = error
             logger.warning("compiling the layer steps failed; staying eager: %r", error)
         finally:
             self.prepared.set()
             self.done.set()
+
+
+def install_native_executor(model: CausalLM) -> bool:
+    """Install the native executor where it runs (its ops built); whether it did."""
+    executor = native_executor(model)
+    if executor is None:
+        return False
+    assert isinstance(model, LlamaForCausalLM)  # the family native executors run
+    model.install_executor(executor)
+    return True

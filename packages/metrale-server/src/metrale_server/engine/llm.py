@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from metrale_server.args import EngineArgs
+from metrale_server.engine.bootstrap import build_engine
 from metrale_server.engine.core import RequestError
 from metrale_server.engine.engine import Engine
 from metrale_server.output.outputs import RequestOutput
@@ -28,7 +29,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        self.engine = Engine(EngineArgs(model=model, **engine_args))
+        self.engine = build_engine(EngineArgs(model=model, **engine_args))
         self.engine.wait_for_native_kernels()
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -85,6 +85,22 @@ class OutputProcessor:
             texts=[TextState(self._decoder, params) for _ in range(params.n)],
             kind=kind,
         )
+
+    def apply_core_outputs(
+        self,
+        core_outputs: Iterable[EngineCoreOutput],
+        abort: Callable[[str, tuple[int, ...] | None], object],
+    ) -> list[RequestOutput]:
+        """The one routine every driver (``Engine``, ``AsyncEngine``) applies a step's outputs
+        with: :meth:`process` them, then tell the core through ``abort(request_id, indices)``
+        which outputs a stop string ended (``indices``) and which requests failed here
+        (``None``: the whole request)."""
+        processed = self.process(core_outputs)
+        for request_id, indices in processed.stopped:
+            abort(request_id, indices)
+        for request_id in processed.failed:
+            abort(request_id, None)
+        return processed.outputs
 
     def process(self, core_outputs: Iterable[EngineCoreOutput]) -> ProcessedOutputs:
         """Each request's new tokens to text. A request whose output cannot be processed

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from metrale_testing import save_random_model
 
 from metrale_model_arch import Tokenizer
-
-from ...random_checkpoints import save_random_model
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import attrs
 import pytest
 import torch
 
-from metrale_server import Engine, EngineArgs, SamplingParams
+from metrale_server import Engine, EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.distributed import WorkerLostError
 from metrale_server.engine.distributed.process_group import COLLECTIVE_TIMEOUT_S
 
@@ -77,9 +77,9 @@ def model_dir(
 
 @pytest.mark.parametrize("num_kv_blocks", [64, 12])  # 12 blocks of 4: preemptions
 def test_two_ranks_match_one(model_dir: Path, num_kv_blocks: int) -> None:
-    single = Engine(engine_args(model_dir, 1, num_kv_blocks))
+    single = build_engine(engine_args(model_dir, 1, num_kv_blocks))
     expected_tokens, expected_logits = run(single, max_tokens=8)
-    split = Engine(engine_args(model_dir, 2, num_kv_blocks))
+    split = build_engine(engine_args(model_dir, 2, num_kv_blocks))
     try:
         tokens, logits = run(split, max_tokens=8)
         assert split.stats.num_preemptions == single.stats.num_preemptions
@@ -93,8 +93,8 @@ def test_two_ranks_match_one(model_dir: Path, num_kv_blocks: int) -> None:
 
 
 def test_every_rank_allocates_its_plan_of_half_the_heads(tiny_model_dir: Path) -> None:
-    single = Engine(engine_args(tiny_model_dir, 1, 64))
-    split = Engine(engine_args(tiny_model_dir, 2, 64))
+    single = build_engine(engine_args(tiny_model_dir, 1, 64))
+    split = build_engine(engine_args(tiny_model_dir, 2, 64))
     try:
         memory = split.core.rank_memory
     finally:
@@ -110,7 +110,7 @@ def test_every_rank_allocates_its_plan_of_half_the_heads(tiny_model_dir: Path) -
 
 
 def test_a_killed_worker_fails_the_step_naming_its_rank(tiny_model_dir: Path) -> None:
-    engine = Engine(engine_args(tiny_model_dir, 2, 64))
+    engine = build_engine(engine_args(tiny_model_dir, 2, 64))
     try:
         assert engine.core.parallel is not None
         worker = engine.core.parallel.processes[0]
@@ -127,7 +127,7 @@ def test_a_killed_worker_fails_the_step_naming_its_rank(tiny_model_dir: Path) ->
 
 
 def test_a_hung_worker_fails_the_step_within_the_collective_timeout(tiny_model_dir: Path) -> None:
-    engine = Engine(engine_args(tiny_model_dir, 2, 64))
+    engine = build_engine(engine_args(tiny_model_dir, 2, 64))
     try:
         assert engine.core.parallel is not None
         worker = engine.core.parallel.processes[0]
@@ -179,9 +179,9 @@ def test_workers_end_when_rank_zero_is_killed(tiny_model_dir: Path, tmp_path: Pa
 
 
 def test_four_ranks_over_two_kv_heads_replicate_them(tiny_model_dir: Path) -> None:
-    single = Engine(engine_args(tiny_model_dir, 1, 64))
+    single = build_engine(engine_args(tiny_model_dir, 1, 64))
     expected_tokens, expected_logits = run(single, max_tokens=4)
-    split = Engine(engine_args(tiny_model_dir, 4, 64))
+    split = build_engine(engine_args(tiny_model_dir, 4, 64))
     try:
         tokens, logits = run(split, max_tokens=4)
         memory = split.core.rank_memory
@@ -231,8 +231,8 @@ def test_split_formats_give_one_process_logits(
         one = attrs.evolve(one, dtype="bfloat16")
     else:
         one = attrs.evolve(one, quantization=quantization)
-    expected_tokens, expected_logits = run(Engine(one), max_tokens=8)
-    split = Engine(attrs.evolve(one, tensor_parallel_size=2))
+    expected_tokens, expected_logits = run(build_engine(one), max_tokens=8)
+    split = build_engine(attrs.evolve(one, tensor_parallel_size=2))
     try:
         assert split.loaded.quantization == one.quantization
         tokens, logits = run(split, max_tokens=8)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from metrale_config import ModelConfig
-from metrale_model_arch.loading import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 
 _PREFIX = re.compile(
     r"^(?:model\.language_model\.|model\.(?!visual\.)|(?=layers\.|embed_tokens\.|norm\.))"

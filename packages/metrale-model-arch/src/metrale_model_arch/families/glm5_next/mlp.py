@@ -13,7 +13,7 @@ from torch import nn
 
 from metrale_config import ModelConfig, MoeConfig
 from metrale_kernels import KernelBackend
-from metrale_kernels.moe_experts import swiglu
+from metrale_kernels.reference.moe_experts import swiglu
 from metrale_model_arch.families.moe import StackedExperts
 
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from metrale_model_arch import load_model
 from metrale_model_arch.parallel import TensorShard
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.devices import resolve_device
 from metrale_server.engine.distributed.channel import Heartbeat, Stop, broadcast_message
 from metrale_server.engine.distributed.process_group import (
     join_process_group,
@@ -22,9 +22,13 @@ from metrale_server.engine.distributed.process_group import (
 from metrale_server.engine.distributed.rank_memory import RankMemory
 from metrale_server.engine.distributed.rendezvous import Rendezvous
 from metrale_server.engine.model_runner import ModelRunner
+from metrale_server.engine.rank_setup import (
+    build_runner,
+    load_options,
+    plan_engine,
+    resolve_target,
+)
 from metrale_server.memory.ledger import MemoryLedger
-from metrale_server.memory.preflight import plan_engine_memory
-from metrale_server.pooling.model_task import engine_model_config, serves_embeddings
 
 logger = logging.getLogger(__name__)
 
@@ -70,33 +74,14 @@ def run_worker(rendezvous: Rendezvous, device_type: str) -> int:
 
 
 def build_worker_runner(args: EngineArgs, rendezvous: Rendezvous) -> tuple[ModelRunner, RankMemory]:
-    device = rank_device(args, rendezvous)
-    config = engine_model_config(args)
-    dtype = resolve_dtype(args.dtype, device, config)
-    plan = plan_engine_memory(args, config, device=device, dtype=dtype)
+    """This rank's shard and runner, planned and loaded as rank 0's (``args`` carry its plan's
+    shape), and what it holds."""
+    target = resolve_target(args, device=rank_device(args, rendezvous))
+    plan = plan_engine(args, target)
     ledger = MemoryLedger()
-    loaded = load_model(
-        args.model,
-        dtype=dtype,
-        device=device,
-        max_seq_len=plan.inputs.max_seq_len,
-        allocator=ledger.allocate,
-        quantization=plan.inputs.quantization,
-        shard=TensorShard(rank=rendezvous.rank, world_size=rendezvous.world_size),
-        kernel_backend=args.kernel_backend,
-        without_head=serves_embeddings(args.task, args.model),
-    )
-    runner = ModelRunner(
-        loaded,
-        num_blocks=plan.kv_blocks,
-        block_size=plan.inputs.block_size,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_size=plan.max_batch_size,
-        max_seq_len=plan.inputs.max_seq_len,
-        allocator=ledger.allocate,
-        seed=args.seed,
-        indexer_paged=plan.inputs.indexer_paged,
-    )
+    shard = TensorShard(rank=rendezvous.rank, world_size=rendezvous.world_size)
+    loaded = load_model(args.model, load_options(args, plan, target, ledger, shard=shard))
+    runner = build_runner(args, loaded, plan, ledger)
     memory = RankMemory(
         rank=rendezvous.rank,
         planned_by_owner=plan.allocated_by_owner(),

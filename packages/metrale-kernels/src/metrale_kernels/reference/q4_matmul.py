@@ -18,7 +18,7 @@ The layout is the native kernel's (``metrale::q4_mm``): output rows in panels of
   its 16 ``m``.
 
 The product, as the kernel computes it, with ``x`` written as two int8 digits per row
-(:func:`~metrale_kernels.int8_matmul.two_digit_rows`, ``x ≈ s (d1 + d2 / 254)``)::
+(:func:`~metrale_kernels.reference.int8_matmul.two_digit_rows`, ``x ≈ s (d1 + d2 / 254)``)::
 
     y[t, n] = s[t] * sum_b (d[n, b] * (D1 + D2 / 254) + m[n, b] * (S1 + S2 / 254))
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from metrale_kernels.column_split import ColumnSplit, row_amax
-from metrale_kernels.int8_matmul import DIGIT_BASE, two_digit_rows
+from metrale_kernels.reference.int8_matmul import DIGIT_BASE, two_digit_rows
 
 Q4_BLOCK = 32  # input features per (d, m) pair
 Q4_PANEL = 16  # output rows the kernel's int32 lanes hold

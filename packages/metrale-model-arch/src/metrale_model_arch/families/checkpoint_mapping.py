@@ -5,7 +5,7 @@ a :class:`TensorTarget` (copied into ``param[index]``: a rename, one expert of a
 ``(experts, ...)`` parameter, one half of a fused gate/up projection), a :class:`Skip` (a tensor
 knowingly ignored, with the reason) or ``None`` (unmapped: the loader names it in its error).
 Both loaders use it: safetensors names directly, GGUF names after the family's llama.cpp
-translation (:mod:`metrale_model_arch.loading.gguf_names`).
+translation (:mod:`metrale_model_arch.families.gguf_names`).
 """
 
 from __future__ import annotations

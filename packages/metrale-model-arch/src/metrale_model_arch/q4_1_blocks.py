@@ -13,8 +13,8 @@ import gguf
 import numpy as np
 import torch
 
-from metrale_kernels.q4_matmul import pack_ggml_q4_1
-from metrale_model_arch.loading.gguf_dequant import dequantize
+from metrale_kernels.reference.q4_matmul import pack_ggml_q4_1
+from metrale_model_arch.gguf_dequant import dequantize
 
 Q4_1_BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of nibbles
 _VALUES = 32
@@ -49,7 +49,8 @@ class Q4_1Blocks:  # noqa: N801 (ggml's name for the format)
         return torch.from_numpy(dequantize(self.raw, gguf.GGMLQuantizationType.Q4_1))
 
     def q4_panels(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(packed, scales)`` in the q4 kernel's layout (``metrale_kernels.q4_matmul``)."""
+        """``(packed, scales)`` in the q4 kernel's layout
+        (``metrale_kernels.reference.q4_matmul``)."""
         rows = self.raw.shape[0]
         # A copy: ``raw`` may be a view of the read-only file mapping.
         blocks = torch.from_numpy(np.array(self.raw)).reshape(rows, -1, Q4_1_BLOCK_BYTES)

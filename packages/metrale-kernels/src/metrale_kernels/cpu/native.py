@@ -2,7 +2,7 @@
 ``metrale::q4_mm``,
 ``metrale::paged_decode`` and the llama layer ops (``int8_qkv_step``, ``int8_output_step``,
 ``int8_decode_layer``). :func:`load_native_ops` builds (or finds cached) and loads them once
-per process; :class:`metrale_kernels.cpu_backend.CpuBackend` calls them."""
+per process; :class:`metrale_kernels.cpu.backend.CpuBackend` calls them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from metrale_kernels.native.build import NativeBuildError, build_library, library_path
+from metrale_kernels.cpu.build import NativeBuildError, build_library, library_path
 
 __all__ = ["NativeBuildError", "NativeOps", "load_native_ops", "load_native_ops_if_possible"]
 

@@ -24,12 +24,12 @@ from metrale_model_arch.memory import (
     weight_bytes,
 )
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.devices import resolve_device
+from metrale_server.engine.rank_setup import plan_engine, resolve_target
 from metrale_server.memory.preflight import (
     PreflightError,
     engine_quantization,
     indexer_paged,
-    plan_engine_memory,
     plan_log_lines,
 )
 from metrale_server.pooling.model_task import serves_embeddings
@@ -62,18 +62,12 @@ def run_memory(
     if serves_embeddings(engine_args.task, model):
         config = headless_config(config)
     device = plan_device(engine_args.device, device_memory_gib)
-    dtype = resolve_dtype(engine_args.dtype, device, config)
+    target = resolve_target(engine_args, device=device, config=config)
+    dtype = target.dtype
     quantization = engine_quantization(engine_args, config, device=device, dtype=dtype)
     total = None if device_memory_gib is None else int(device_memory_gib * GIB)
     try:
-        plan = plan_engine_memory(
-            engine_args,
-            config,
-            device=device,
-            dtype=dtype,
-            total_bytes=total,
-            quantization=quantization,
-        )
+        plan = plan_engine(engine_args, target, total_bytes=total)
     except (MemoryPlanError, PreflightError) as error:
         _print_refusal(config, device, dtype, quantization, error, as_json=as_json)
         return 1

@@ -5,23 +5,26 @@ generator, runs the op through :class:`TorchBackend` and :class:`CupyBackend` on
 device, and reports the largest difference against the dtype's tolerance. Paged caches are
 NaN-poisoned everywhere except the slots that hold a sequence's context.
 
-A case in which the backend reaches any of :class:`KernelBackend`'s own methods (the reference
-ops: a fallback through ``super()``, or an op it has no kernel for) fails whatever the
-difference, since the reference would then be compared with itself.
+A case in which the backend reaches a reference op (a kernel's ``backend.fallback``, or an op
+it has no kernel for) fails whatever the difference, since the reference would then be
+compared with itself.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import attrs
 import torch
 
 from metrale_kernels.backend import KernelBackend, TorchBackend
-from metrale_kernels.paged_batches import batch_invariance, paged_batch
+from metrale_kernels.op import Op
+from metrale_kernels.testing.paged_batches import batch_invariance, paged_batch
 
+P = ParamSpec("P")
+R = TypeVar("R")
 # On the error ``|got - want| / (1 + |want|)``: a few units in the last place of the dtype.
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -200,7 +203,7 @@ def _sparse_latent_case(
     def run(
         reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
     ) -> float:
-        from metrale_kernels.dsa import select_positions
+        from metrale_kernels.reference.dsa import select_positions
 
         generator = torch.Generator().manual_seed(8)
         block_size = 16
@@ -328,31 +331,31 @@ CASES: dict[str, Case] = {
 }
 
 
-def _reference_op(name: str, reached: list[str]) -> Callable[..., Any]:
-    reference = getattr(KernelBackend, name)
-
-    def op(self: KernelBackend, *args: Any, **kwargs: Any) -> Any:
-        reached.append(name)
-        return reference(self, *args, **kwargs)
-
-    return op
-
-
 def watch_reference_ops(backend: KernelBackend, reached: list[str]) -> KernelBackend:
-    """A shallow copy of ``backend`` that appends to ``reached`` the name of each of
-    :class:`KernelBackend`'s methods it calls: through ``super()`` or by inheritance, a method
-    of its own class runs first (its kernel), the base class's after (the reference)."""
-    tripwires = {
-        name: _reference_op(name, reached)
-        for name, member in vars(KernelBackend).items()
-        if callable(member) and not name.startswith("_")
+    """A shallow copy of ``backend`` that appends to ``reached`` the name of each op it runs as
+    the reference: an op its class has no kernel for, or a kernel's
+    :meth:`~metrale_kernels.backend.KernelBackend.fallback`."""
+    cls = type(backend)
+
+    def fallback(self: KernelBackend, op: Op[P, R], reason: str) -> Callable[P, R]:
+        reached.append(op.name)
+        return cls.fallback(self, op, reason)
+
+    tripwires: dict[str, object] = {
+        op.name: _tripwire(op, reached) for op in cls.ops() if op.name in cls.reference_ops()
     }
-    # Between the backend's class and KernelBackend in the MRO: ``super()`` lands here.
-    tripwire = type("ReferenceTripwire", (KernelBackend,), tripwires)
-    watched_class = type(f"Watched{type(backend).__name__}", (type(backend), tripwire), {})
+    watched_class = type(f"Watched{cls.__name__}", (cls,), {"fallback": fallback, **tripwires})
     watched = copy.copy(backend)
     watched.__class__ = watched_class
     return watched
+
+
+def _tripwire(op: Op[Any, Any], reached: list[str]) -> Callable[..., Any]:
+    def run(self: KernelBackend, *args: Any, **kwargs: Any) -> Any:
+        reached.append(op.name)
+        return op.reference(*args, **kwargs)
+
+    return run
 
 
 def check_case(

@@ -15,7 +15,11 @@ import attrs
 import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata
-from metrale_kernels.paged_attention import check_sliding_window, first_visible, group_size
+from metrale_kernels.reference.paged_attention import (
+    check_sliding_window,
+    first_visible,
+    group_size,
+)
 from metrale_kernels.row_invariant import matmul_row_tile, padded_rows
 
 SPAN_QUANTUM = 16

@@ -1,0 +1,106 @@
+"""What every rank does to build its part of an engine: resolve the target from files alone,
+plan its memory, load it as planned, and build the runner over the KV pool the plan sized.
+Rank 0 does it in :func:`~metrale_server.engine.bootstrap.build_engine`, the other ranks of a
+tensor-parallel group in :mod:`~metrale_server.engine.distributed.worker`.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from metrale_config import ModelConfig
+from metrale_model_arch import LoadedModel, LoadOptions
+from metrale_model_arch.loading import ProgressObserver
+from metrale_model_arch.memory import MemoryPlan
+from metrale_model_arch.parallel import TensorShard
+from metrale_server.args import EngineArgs
+from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.engine.model_runner import ModelRunner
+from metrale_server.memory.ledger import MemoryLedger
+from metrale_server.memory.preflight import plan_engine_memory
+from metrale_server.pooling.model_task import engine_model_config, serves_embeddings
+
+
+@attrs.frozen(kw_only=True)
+class EngineTarget:
+    """What an engine serves, resolved before anything loads: the model's config (without its
+    head for an embedding task), the device and the activations' dtype."""
+
+    config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_target(
+    args: EngineArgs, *, device: torch.device | None = None, config: ModelConfig | None = None
+) -> EngineTarget:
+    """``args``' target; ``device`` and ``config`` replace what ``args`` would resolve to (a
+    tensor-parallel rank's own GPU; a bare config.json ``met memory`` was given)."""
+    device = resolve_device(args.device) if device is None else device
+    config = engine_model_config(args) if config is None else config
+    dtype = resolve_dtype(args.dtype, device, config)
+    return EngineTarget(config=config, device=device, dtype=dtype)
+
+
+def plan_engine(
+    args: EngineArgs, target: EngineTarget, *, total_bytes: int | None = None
+) -> MemoryPlan:
+    """The memory plan of serving ``target`` with ``args`` (one rank's, under tensor
+    parallelism) on a device of ``total_bytes`` (default: this one's)."""
+    return plan_engine_memory(
+        args, target.config, device=target.device, dtype=target.dtype, total_bytes=total_bytes
+    )
+
+
+def load_options(
+    args: EngineArgs,
+    plan: MemoryPlan,
+    target: EngineTarget,
+    ledger: MemoryLedger,
+    *,
+    shard: TensorShard | None = None,
+    on_progress: ProgressObserver | None = None,
+) -> LoadOptions:
+    """How the plan says to load the target model, through ``ledger``."""
+    return LoadOptions(
+        dtype=target.dtype,
+        device=target.device,
+        max_seq_len=plan.inputs.max_seq_len,
+        quantization=plan.inputs.quantization,
+        kernel_backend=args.kernel_backend,
+        shard=shard,
+        without_head=serves_embeddings(args.task, args.model),
+        allocator=ledger.allocate,
+        on_progress=on_progress,
+    )
+
+
+def build_runner(
+    args: EngineArgs, loaded: LoadedModel, plan: MemoryPlan, ledger: MemoryLedger
+) -> ModelRunner:
+    """The runner over ``loaded`` with the KV pool, per-sequence state and step arena the plan
+    sized, allocated through ``ledger`` (every rank builds the same)."""
+    return ModelRunner(
+        loaded,
+        num_blocks=plan.kv_blocks,
+        block_size=plan.inputs.block_size,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=plan.max_batch_size,
+        max_seq_len=plan.inputs.max_seq_len,
+        allocator=ledger.allocate,
+        seed=args.seed,
+        indexer_paged=plan.inputs.indexer_paged,
+    )
+
+
+def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:
+    """``args`` with what rank 0's plan decided fixed, so every rank plans the same shape."""
+    return attrs.evolve(
+        args,
+        num_kv_blocks=plan.kv_blocks,
+        max_batch_size=plan.max_batch_size,
+        max_seq_len=plan.inputs.max_seq_len,
+        quantization=plan.inputs.quantization.value,
+        block_size=plan.inputs.block_size,
+    )

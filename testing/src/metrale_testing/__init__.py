@@ -1,0 +1,23 @@
+"""Test-only helpers shared by every metrale test tree (the pytest plugin is ``.plugin``).
+
+Installed into the shared test environment only; no package under ``packages/`` imports it
+(``tests/test_layering.py`` checks). Everything heavy is imported inside the helpers, so the
+plugin loads in every test session, metrale-config's included, without torch being imported.
+"""
+
+from __future__ import annotations
+
+from metrale_testing.checkpoints import save_random_model, save_tiny_llama
+from metrale_testing.servers import free_port, serve_app_in_thread, serve_http_handler, served
+from metrale_testing.session import build_native_ops_first, stay_eager
+
+__all__ = [
+    "build_native_ops_first",
+    "free_port",
+    "save_random_model",
+    "save_tiny_llama",
+    "serve_app_in_thread",
+    "serve_http_handler",
+    "served",
+    "stay_eager",
+]
