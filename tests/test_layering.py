@@ -77,10 +77,7 @@ def test_sibling_imports_are_declared_dependencies(package: str) -> None:
 
 # Imports a package makes of what only a declared dependency brings (each with why it is safe);
 # a new entry wants a reason as good, or the dependency declared.
-TRANSITIVE_IMPORTS = {
-    # Only the cupy backend (cuda/launch.py) imports numpy, and cupy requires numpy.
-    "metrale-kernels": {"numpy"},
-}
+TRANSITIVE_IMPORTS: dict[str, set[str]] = {}
 
 
 def _distribution(requirement: str) -> tuple[str, list[str]]:
