@@ -5,7 +5,7 @@ session builds once (torch pinned first, the five packages, the reference implem
 parity tests compare against, the CUDA compile check's NVRTC, the test tools and the shared pytest
 plugin in ``testing/``) and every later run reuses: it reinstalls the five packages when their
 files changed and rebuilds the whole environment only when a dependency list or pin changed.
-``tests/test_declared_imports.py`` keeps what one environment per package used to prove: each
+``tests/test_layering.py`` keeps what one environment per package used to prove: each
 package's sources import only the standard library, its declared dependencies and declared
 sibling packages.
 """
@@ -23,7 +23,9 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "cross", "kernels", "types"]
+# kernels before the tests: it builds the native CPU ops once, and the tests load that build
+# instead of racing each other to compile it.
+nox.options.sessions = ["lint", "kernels", "tests", "cross", "types"]
 
 ROOT = Path(__file__).resolve().parent
 SHARED_ENV = ROOT / ".nox" / "shared"
@@ -43,7 +45,13 @@ PACKAGES = (
 EXTRAS = {"metrale-bench": "[plots]"}
 # The test-only pytest plugin every test tree loads (fixtures: servers, tiny checkpoints, ports).
 TEST_PLUGIN = "testing"
-TEST_TOOLS = ("pytest>=8", "hypothesis>=6", "mypy")
+TEST_TOOLS = ("pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "mypy")
+# The tests run on every core (most are one Python thread waiting on torch, a server or a
+# subprocess); worksteal evens out the long ones.
+PARALLEL = ("--numprocesses", "auto", "--dist", "worksteal")
+# Tests marked ``serial`` hold timing bounds (latency under load) that a neighbour on the other
+# cores would break: they run afterwards, alone.
+SERIAL_MARK = "pytest.mark.serial"
 # Reference implementations and clients the tests compare against or call (test-only).
 REFERENCE_DEPS = (
     "transformers>=5",
@@ -59,6 +67,8 @@ REFERENCE_DEPS = (
     "httpx>=0.27",
     # Validates structured outputs against their JSON schemas.
     "jsonschema>=4",
+    # The web UI's browser tests drive Debian's chromium (no browser download).
+    "playwright",
 )
 # CuPy's NVRTC bindings and the NVRTC library: the kernels' compile check (no driver or device).
 NVRTC = ("cupy-cuda12x>=13", "nvidia-cuda-nvrtc-cu12")
@@ -125,32 +135,61 @@ def env(session: nox.Session) -> None:
     STAMP.write_text(f"{dependencies}\n{sources}\n")
 
 
-def _run(session: nox.Session, *args: str) -> None:
-    """Run a command of the shared environment, with its bin first on PATH (``met``)."""
+def _run(session: nox.Session, *args: str, threads: int | None = None) -> None:
+    """Run a command of the shared environment, with its bin first on PATH (``met``);
+    ``threads``: the intra-op threads of torch in it and in every process it starts."""
     path = f"{SHARED_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    environment = {"PATH": path, "VIRTUAL_ENV": str(SHARED_ENV)}
+    # Bytecode is written even where the caller's shell says PYTHONDONTWRITEBYTECODE=1: without
+    # it every process (each test worker, server and rank the tests start) compiles torch's and
+    # transformers' sources again, which doubled the time to import torch.
+    environment = {"PATH": path, "VIRTUAL_ENV": str(SHARED_ENV), "PYTHONDONTWRITEBYTECODE": ""}
+    if threads is not None:
+        environment["OMP_NUM_THREADS"] = str(threads)
     session.run(str(SHARED_BIN / args[0]), *args[1:], env=environment, external=True)
+
+
+def _files_marked_serial(tests: Path) -> list[str]:
+    return sorted(
+        str(path.relative_to(ROOT))
+        for path in tests.rglob("test_*.py")
+        if SERIAL_MARK in path.read_text(encoding="utf-8")
+    )
+
+
+def _pytest(session: nox.Session, tests: Path) -> None:
+    """The tests under ``tests`` on every core, then those marked serial alone."""
+    where = str(tests.relative_to(ROOT))
+    # One worker a core, one torch thread a worker: torch's default (a thread a core in every
+    # worker) puts twice the threads on the cores, and each op's spinning barrier then waits
+    # for a thread the kernel has parked (the cross tests ran 4x slower so).
+    parallel = (where, "-m", "not serial", *PARALLEL, *session.posargs)
+    _run(session, "python", "-m", "pytest", *parallel, threads=1)
+    serial = _files_marked_serial(tests)
+    if serial:
+        _run(session, "python", "-m", "pytest", *serial, "-m", "serial", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"])
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """Run one package's tests (its own pytest run: its conftests and fixtures)."""
-    _run(session, "python", "-m", "pytest", f"packages/{package}/tests", *session.posargs)
+    _pytest(session, ROOT / "packages" / package / "tests")
 
 
 @nox.session(venv_backend="none", requires=["env"])
 def cross(session: nox.Session) -> None:
     """Run the cross-package and end-to-end tests in tests/."""
-    _run(session, "python", "-m", "pytest", "tests", *session.posargs)
+    _pytest(session, ROOT / "tests")
 
 
 @nox.session(venv_backend="none", requires=["env"])
 def kernels(session: nox.Session) -> None:
-    """Compile every CUDA kernel source with NVRTC for sm_80 and sm_90 (no GPU needed), and
-    build the cpu backend's native ops for this machine from scratch."""
-    _run(session, "met", "kernels", "check", "--compiler", "nvrtc")
-    _run(session, "met", "kernels", "cpu", "--fresh")
+    """Build the cpu backend's native ops for this machine (from scratch on a fresh machine or
+    after any change to their sources: the build's cache key) and say which ISA path they take.
+    Every CUDA kernel source's NVRTC (and nvcc) compile for sm_80 and sm_90 is checked by
+    metrale-kernels' tests (``test_cuda_compile_check.py``), ``met kernels check`` by the
+    server's."""
+    _run(session, "met", "kernels", "cpu")
 
 
 @nox.session

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MODEL = "tiny-llama"
@@ -160,6 +162,7 @@ def under_load(
     )
 
 
+@pytest.mark.serial
 def test_adversarial_requests_do_not_stall_the_server(server: Any, tmp_path: Path) -> None:
     warm = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
     assert server.client.post(CHAT, json=warm).status_code == 200
