@@ -314,6 +314,7 @@ SERVER_LAYERS = (
     ("output",),
     ("memory",),
     ("engine",),
+    ("webui",),
     ("api",),
     ("tui",),
     ("cli", "__main__"),

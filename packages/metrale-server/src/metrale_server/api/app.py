@@ -33,6 +33,7 @@ from metrale_server.api.server_info import server_info
 from metrale_server.api.state import ServerState
 from metrale_server.api.task_check import for_task
 from metrale_server.pooling.model_task import TaskName
+from metrale_server.webui import webui_routes
 
 ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 # vLLM serves the rerank route at each of these paths.
@@ -41,11 +42,12 @@ RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(state: ServerState, *, webui: bool = True) -> Starlette:
     """The OpenAI-compatible API (``/v1/responses`` included) and Anthropic's Messages API
     (``/v1/messages``) over ``state``; routes, middleware and error shapes. The generation
     routes answer for a ``generate`` task only, ``/v1/embeddings`` for ``embed``, and
-    ``/v1/score`` and the rerank routes for ``score``.
+    ``/v1/score`` and the rerank routes for ``score``. ``webui``: the chat page at ``/`` and the
+    dashboard at ``/dashboard`` (:mod:`metrale_server.webui`; off with ``--no-webui``).
 
     Middleware, outermost first: CORS for ``state.allowed_origins`` (none by default: a page
     on another origin cannot read a response), internal errors become 500s, the Host and
@@ -103,6 +105,8 @@ def create_app(state: ServerState) -> Starlette:
     for prefix in misc_routes.NOT_IMPLEMENTED_PREFIXES:
         for path in (f"/v1/{prefix}", f"/v1/{prefix}/{{rest:path}}"):
             routes.append(Route(path, misc_routes.not_implemented, methods=ANY_METHOD))
+    if webui:
+        routes.extend(webui_routes())
     return Starlette(
         routes=routes,
         middleware=[

@@ -1,6 +1,6 @@
 """API-key auth as a plain ASGI middleware: ``Authorization: Bearer <key>`` (OpenAI's clients)
-or ``x-api-key: <key>`` (Anthropic's); health stays open, and metrics and memory unless
-``state.protect_observability``."""
+or ``x-api-key: <key>`` (Anthropic's); health and the web UI's pages (no data in them) stay
+open, and metrics and memory unless ``state.protect_observability``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.types import Scope
 from metrale_server.api.errors import ApiError, closing_if_body
 from metrale_server.api.refusing_middleware import RefusingMiddleware
 from metrale_server.api.state import ServerState
+from metrale_server.webui import is_webui_path
 
 HEALTH_PATHS = frozenset({"/health", "/health/live"})
 OBSERVABILITY_PATHS = frozenset({"/metrics", "/memory"})
@@ -19,7 +20,11 @@ OBSERVABILITY_PATHS = frozenset({"/metrics", "/memory"})
 
 def is_open(path: str, state: ServerState) -> bool:
     """Whether ``path`` is served without a key."""
-    return path in HEALTH_PATHS or (path in OBSERVABILITY_PATHS and not state.protect_observability)
+    return (
+        path in HEALTH_PATHS
+        or is_webui_path(path)
+        or (path in OBSERVABILITY_PATHS and not state.protect_observability)
+    )
 
 
 def is_authorized(

@@ -174,6 +174,13 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     help="Split <think>...</think> out of chat outputs into reasoning_content (vLLM's names).",
 )
 @click.option(
+    "--no-webui",
+    is_flag=True,
+    help="Serve no web UI: by default GET / is a chat page and GET /dashboard a page of live "
+    "charts, both from this server's own files (no key needed to load them; their requests "
+    "carry the key).",
+)
+@click.option(
     "--no-tui",
     is_flag=True,
     help="Plain log lines on stderr, no dashboard (also METRALE_NO_TUI=1; the dashboard only "
@@ -211,6 +218,7 @@ def serve(
     tool_call_parser: str | None,
     enable_auto_tool_choice: bool,
     reasoning_parser: str | None,
+    no_webui: bool,
     no_tui: bool,
     log_level: str,
 ) -> None:
@@ -290,6 +298,7 @@ def serve(
         allowed_hosts=allowed_hosts,
         allowed_origins=allowed_origins,
         protect_observability=protect_observability,
+        is_webui=not no_webui,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         log_level=log_level.lower(),

@@ -22,7 +22,8 @@ class ServeArgs:
     ``max_connections`` ``None``: room for the requests the server holds plus spare ones
     (``connection_cap.default_max_connections``), 0: only the open-files limit.
     ``allowed_hosts`` empty: the default for ``host`` (``request_guard.default_allowed_hosts``),
-    ``*`` among them: any.
+    ``*`` among them: any. ``is_webui``: serve the chat page at ``/`` and the dashboard at
+    ``/dashboard``.
     """
 
     engine_args: EngineArgs
@@ -41,6 +42,7 @@ class ServeArgs:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     protect_observability: bool = False
+    is_webui: bool = True
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     log_level: str = "info"

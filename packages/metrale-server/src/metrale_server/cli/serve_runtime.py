@@ -95,9 +95,10 @@ def run_serve(args: ServeArgs, *, show_dashboard: bool = False) -> int:
         for sock in _listening(sockets):
             host, port = sock.getsockname()[:2]
             logger.info(
-                "address: %s://%s/ (/health is 503 until the model is loaded)",
+                "address: %s://%s/ (/health is 503 until the model is loaded%s)",
                 scheme,
                 _url_host(host, port),
+                "; a browser gets the chat here, the dashboard at /dashboard" * args.is_webui,
             )
         # The model loads on its own thread from here on, while the rest of the server (the
         # HTTP stack, the API app) is imported and started on this one.
@@ -391,7 +392,7 @@ async def _serve(
             connections.open_files_limit,
         )
         freeze_heap()
-        front.serve(create_app(state))
+        front.serve(create_app(state, webui=args.is_webui))
         log_boot(engine, args)
         if not stop.is_set():
             state.is_ready = True
