@@ -1,15 +1,23 @@
 """Quality of each CPU weight format of the bundled default model: perplexity and greedy agreement.
 
-    python benches/format_quality.py [--formats fp32,bf16,int8,q4] [--json PATH]
+    python benches/format_quality.py [--formats fp32,bf16,int8,q4,awq,gptq] [--json PATH]
         [--llama-perplexity PATH/TO/llama-perplexity]
 
 The bundled default model (SmolLM2-135M-Instruct, a Q4_1 GGUF) is loaded in each format:
 ``fp32`` (the Q4_1 weights dequantized to float32), ``bf16`` (dequantized to bfloat16),
 ``int8`` (float32 model, ``quantization="int8"``: int8 weights with per-channel scales,
 activations in two int8 digits) and ``q4`` (``quantization="q4"``: the projections' Q4_1 blocks
-kept, embeddings and head int8, activations in two int8 digits). Each format is loaded once,
-as ``LLM(model=None, dtype=..., quantization=...)``, and both measurements run on that engine's
-model.
+kept, embeddings and head int8, activations in two int8 digits). Asked for by name (not in the
+default set: each adds a quantization and a perplexity run), ``awq`` and ``gptq`` are the
+fp32 weights quantized by our own round-to-nearest writer
+(:mod:`metrale_model_arch.int4_quantize`; no calibration) into AWQ's GEMM layout and GPTQ's
+symmetric v1 layout, groups of 64 (SmolLM2's 576 features are not whole groups of 128;
+``awq-g32`` and ``gptq-g32``: groups of 32), saved to a temporary directory and served as q4
+(the projections repacked, embeddings and head int8). NOTE: the fp32 weights are the GGUF's
+Q4_1 values, on a grid ``m + d q`` per block of 32 that AWQ's and GPTQ's grids ``(q - z) s``
+(which hold 0) cannot follow, so these measure round-to-nearest int4 of already-4-bit weights.
+Each format is loaded once, as ``LLM(model=..., dtype=..., quantization=...)``, and both
+measurements run on that engine's model.
 
 Perplexity: ``benches/data/perplexity_text.txt`` (public-domain English prose: the Declaration
 of Independence and chapter 1 of Pride and Prejudice, ~2,850 tokens) is tokenized with the
@@ -44,6 +52,7 @@ import json
 import math
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -66,6 +75,8 @@ class Format:
     name: str
     dtype: str  # EngineArgs.dtype
     quantization: str  # EngineArgs.quantization / load_model(quantization=...)
+    # An int4 checkpoint written from the fp32 weights: (method, group size, symmetric).
+    int4: tuple[str, int, bool] | None = None
 
 
 FORMATS = {
@@ -73,7 +84,12 @@ FORMATS = {
     "bf16": Format("bf16", "bfloat16", "none"),
     "int8": Format("int8", "float32", "int8"),
     "q4": Format("q4", "float32", "q4"),
+    "awq": Format("awq", "float32", "q4", int4=("awq", 64, False)),
+    "gptq": Format("gptq", "float32", "q4", int4=("gptq", 64, True)),
+    "awq-g32": Format("awq-g32", "float32", "q4", int4=("awq", 32, False)),
+    "gptq-g32": Format("gptq-g32", "float32", "q4", int4=("gptq", 32, True)),
 }
+DEFAULT_FORMATS = ("fp32", "bf16", "int8", "q4")
 
 COMPLETION_PROMPTS = [
     "The history of the printing press begins",
@@ -146,8 +162,33 @@ def available_formats() -> list[str]:
     return [name for name, fmt in FORMATS.items() if has_keyword or fmt.quantization == "none"]
 
 
-def make_llm(fmt: Format) -> LLM:
-    return LLM(model=None, dtype=fmt.dtype, **quantization_kwargs(fmt.quantization))
+def make_llm(fmt: Format, scratch: Path) -> LLM:
+    if fmt.int4 is None:
+        return LLM(model=None, dtype=fmt.dtype, **quantization_kwargs(fmt.quantization))
+    return LLM(model=str(write_int4(fmt, scratch)), dtype=fmt.dtype, quantization=fmt.quantization)
+
+
+def write_int4(fmt: Format, scratch: Path) -> Path:
+    """The default model's fp32 weights as ``fmt``'s int4 checkpoint, with its tokenizer."""
+    from metrale_config import Int4Method, read_gguf_header
+    from metrale_model_arch import Tokenizer, resolve_model
+    from metrale_model_arch.int4_quantize import write_int4_checkpoint
+    from metrale_model_arch.loading.gguf_loader import read_gguf_weights
+
+    assert fmt.int4 is not None
+    method, group_size, is_symmetric = fmt.int4
+    gguf = resolve_model(None).path
+    config, weights = read_gguf_weights(gguf)
+    out = write_int4_checkpoint(
+        scratch / fmt.name,
+        config,
+        weights,
+        method=Int4Method(method),
+        group_size=group_size,
+        is_symmetric=is_symmetric,
+    )
+    Tokenizer.from_gguf_fields(read_gguf_header(gguf).fields).save(out)
+    return out
 
 
 def split_chunks(tokens: Sequence[int], ctx: int, *, full_only: bool) -> list[list[int]]:
@@ -307,7 +348,8 @@ def print_agreement_table(results: dict[str, Agreement], max_tokens: int) -> Non
 
 def parse_formats(spec: str | None) -> list[str]:
     available = available_formats()
-    names = available if spec is None else [n.strip() for n in spec.split(",") if n.strip()]
+    default = [name for name in available if name in DEFAULT_FORMATS]
+    names = default if spec is None else [n.strip() for n in spec.split(",") if n.strip()]
     for name in names:
         if name not in FORMATS:
             raise SystemExit(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
@@ -318,7 +360,10 @@ def parse_formats(spec: str | None) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--formats", help="comma-separated, of fp32,bf16,int8,q4 (default: all)")
+    parser.add_argument(
+        "--formats",
+        help=f"comma-separated, of {','.join(FORMATS)} (default: {','.join(DEFAULT_FORMATS)})",
+    )
     parser.add_argument("--text", type=Path, default=TEXT_PATH)
     parser.add_argument("--ctx", type=int, default=512, help="perplexity chunk length")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
@@ -334,16 +379,18 @@ def main() -> None:
     greedy: dict[str, list[list[int]]] = {}
     gguf: Path | None = None
     num_tokens = 0
+    scratch = Path(tempfile.mkdtemp(prefix="format-quality-"))
     for name in formats:
         start = time.perf_counter()
-        llm = make_llm(FORMATS[name])
+        llm = make_llm(FORMATS[name], scratch)
         loaded = llm.engine.loaded
         quantization = getattr(loaded, "quantization", "none")
         print(
             f"{name}: loaded in {time.perf_counter() - start:.1f} s "
             f"({loaded.dtype}, quantization {quantization})"
         )
-        gguf = loaded.source.path
+        if loaded.source.kind == "gguf":
+            gguf = loaded.source.path
         tokens = loaded.tokenizer.encode(text, add_special_tokens=True)
         num_tokens = len(tokens)
         ppl[name] = perplexity(loaded, tokens, args.ctx)

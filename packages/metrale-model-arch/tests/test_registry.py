@@ -40,7 +40,10 @@ def test_parsed_but_unrunnable_model_type_lists_the_supported_ones(
     message = str(info.value)
     assert "'planned_only'" in message
     assert "tiny test config" in message
-    assert "glm5_next, glm5_next_text, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe" in message
+    assert (
+        "gemma2, gemma3_text, glm4_moe, glm5_next, glm5_next_text, granite, llama, mistral, "
+        "mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe, smollm3" in message
+    )
 
 
 def test_unsupported_model_error_is_a_value_error() -> None:
@@ -79,7 +82,7 @@ def test_unknown_type_is_refused_for_planning_too(tiny_config: ModelConfig) -> N
     config = attrs.evolve(tiny_config, model_type="gpt2")
     with pytest.raises(UnsupportedModelError, match=r"no weight plan for model_type 'gpt2'"):
         planned_architecture(config)
-    with pytest.raises(UnsupportedModelError, match="supported model types: glm5_next, "):
+    with pytest.raises(UnsupportedModelError, match="supported model types: gemma2, gemma3_text, "):
         architecture_for(config)
 
 

@@ -13,6 +13,7 @@ from metrale_config.hf import (
     model_config_from_hf_file,
     normalize_model_type,
 )
+from metrale_config.int4_quantization import Int4Method, Int4Quantization
 from metrale_config.layer_types import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
@@ -37,6 +38,7 @@ from metrale_config.model_config import (
     ModelConfig,
     MoeConfig,
     MtpConfig,
+    NormLayout,
 )
 from metrale_config.rope import RopeScaling
 
@@ -50,6 +52,8 @@ __all__ = [
     "DsaConfig",
     "GgufHeader",
     "GgufTensorInfo",
+    "Int4Method",
+    "Int4Quantization",
     "LayerType",
     "Lever",
     "LinearAttentionConfig",
@@ -58,6 +62,7 @@ __all__ = [
     "ModelConfig",
     "MoeConfig",
     "MtpConfig",
+    "NormLayout",
     "RopeScaling",
     "UndeclaredLeverError",
     "check_environment",

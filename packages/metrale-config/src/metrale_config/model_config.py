@@ -7,7 +7,11 @@ imports neither.
 
 from __future__ import annotations
 
+import enum
+
 import attrs
+
+from metrale_config.int4_quantization import Int4Quantization
 
 # The old constants, re-exported for ``from metrale_config.model_config import SLIDING_ATTENTION``.
 from metrale_config.layer_types import FULL_ATTENTION as FULL_ATTENTION
@@ -18,9 +22,21 @@ from metrale_config.layer_types import LayerType, to_layer_types
 from metrale_config.rope import RopeScaling
 
 
+class NormLayout(enum.StrEnum):
+    """Where a decoder layer's RMSNorms sit around attention and the MLP.
+
+    ``pre``: before each (llama); ``post``: after each, before its residual add (olmo2);
+    ``sandwich``: both (gemma2, gemma3).
+    """
+
+    PRE = "pre"
+    POST = "post"
+    SANDWICH = "sandwich"
+
+
 @attrs.frozen(kw_only=True)
 class MoeConfig:
-    """Mixture-of-experts fields (qwen3_moe, mixtral, glm5_next)."""
+    """Mixture-of-experts fields (qwen3_moe, mixtral, glm4_moe, glm5_next)."""
 
     num_experts: int
     num_experts_per_tok: int
@@ -75,6 +91,8 @@ class MtpConfig:
 
     num_layers: int
     layer_types: tuple[LayerType, ...] = attrs.field(default=(), converter=to_layer_types)
+    # One entry per MTP layer, "dense" or "sparse", where the family says (glm4_moe); else ().
+    mlp_layer_types: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -134,11 +152,36 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     mtp: MtpConfig | None = None
     quantization_method: str | None = None
+    # An AWQ or GPTQ 4-bit checkpoint's quantization_config (the projections' layout).
+    int4_quantization: Int4Quantization | None = None
     # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
     gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None
     # Clamp of the SwiGLU gate/up activations (glm5_next); None means unclamped.
     swiglu_limit: float | None = None
+    # The dense families' departures from llama (olmo2, granite, smollm3, phi3, gemma2/3).
+    norm_layout: NormLayout = NormLayout.PRE
+    # Gemma's RMSNorm scales by ``1 + weight``.
+    norm_weight_offset: float = 0.0
+    # q/k norms over each head (qwen3, gemma3) or over the whole projection (olmo2).
+    qk_norm_per_head: bool = True
+    # Embeddings times this, in the model dtype (granite's multiplier, gemma's sqrt(hidden)).
+    embedding_multiplier: float = 1.0
+    # The softmax scale; None means head_dim ** -0.5.
+    attention_scale: float | None = None
+    # Each sublayer's output times this before its residual add (granite).
+    residual_multiplier: float = 1.0
+    # Logits divided by this (granite's logits_scaling).
+    logits_scaling: float = 1.0
+    # ``cap * tanh(x / cap)`` on attention scores and on logits (gemma2); None: no cap.
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    # The leading fraction of each head's dims that rotary turns (phi3's partial rotary).
+    partial_rotary_factor: float = 1.0
+    # Layers that skip rotary (smollm3's NoPE layers).
+    nope_layers: tuple[int, ...] = ()
+    # Sliding-window layers' own plain RoPE base (gemma3's rope_local_base_freq); None: shared.
+    local_rope_theta: float | None = None
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -11,8 +11,11 @@ class RopeScaling:
 
     ``factor`` applies to ``linear``, ``dynamic`` and ``llama3``; the ``*_freq_factor`` fields and
     ``original_max_position_embeddings`` to ``llama3`` (and ``dynamic``, which also reads the
-    model's ``max_position_embeddings``). Parsers keep any other ``rope_type`` (``yarn``,
-    ``longrope``, GGUF's ``gguf_rope_freqs``) with its ``factor``, for the family to refuse.
+    model's ``max_position_embeddings``). ``longrope`` (Phi-3) reads ``short_factor`` and
+    ``long_factor`` (one per rotary frequency), ``original_max_position_embeddings`` and
+    ``attention_factor`` (``None``: derived from ``factor`` as transformers does). Parsers keep
+    any other ``rope_type`` (``yarn``, GGUF's ``gguf_rope_freqs``) with its ``factor``, for the
+    family to refuse.
     """
 
     rope_type: str = "default"
@@ -20,3 +23,6 @@ class RopeScaling:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float | None = None

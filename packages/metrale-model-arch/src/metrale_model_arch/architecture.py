@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,6 +22,16 @@ class CacheSpecs(Protocol):
     ) -> tuple[LayerCacheSpec, ...]: ...
 
 
+class Trait(enum.StrEnum):
+    """What a model type's layers may hold beyond dense full attention (its configs say which
+    layers do)."""
+
+    SLIDING_WINDOW = "sliding window"
+    MOE = "MoE"
+    MLA = "MLA"
+    LINEAR_STATE = "linear state"
+
+
 @attrs.frozen(kw_only=True)
 class Architecture:
     """One model type: how to run it, load it and plan its memory.
@@ -33,7 +44,8 @@ class Architecture:
     layer, priced by the plan and allocated by the runner. ``skeleton`` is the stack's shape from
     the config alone, for types whose layers differ by more than ``layer_types`` says.
     ``int8_linears``: the attribute names of the linear layers int8 weights replace (with the
-    embeddings); empty where the type has no int8 path.
+    embeddings); empty where the type has no int8 path. ``traits``: what its layers may hold
+    (the README's supported-model table lists them).
     """
 
     model_type: str
@@ -44,6 +56,7 @@ class Architecture:
     cache_specs: CacheSpecs
     skeleton: Callable[[ModelConfig], object] | None = None
     int8_linears: frozenset[str] = frozenset()
+    traits: frozenset[Trait] = frozenset()
 
     @property
     def is_runnable(self) -> bool:

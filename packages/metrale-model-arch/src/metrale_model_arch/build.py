@@ -14,12 +14,19 @@ from metrale_kernels import get_backend
 from metrale_model_arch.allocator import TensorAllocator
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.int4_layers import order_q4_inputs
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
 from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
 from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
+from metrale_model_arch.int4_format import has_input_order
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
-from metrale_model_arch.owners import ROPE_TABLE, ROPE_TABLE_BUFFER, weight_owner
+from metrale_model_arch.owners import (
+    MTP_PARAM_PREFIX,
+    ROPE_TABLE,
+    ROPE_TABLE_BUFFER,
+    weight_owner,
+)
 from metrale_model_arch.parallel import (
     apply_tensor_parallel,
     apply_tensor_parallel_quantized,
@@ -161,7 +168,10 @@ def build_model(
                     "model type yet; use quantization 'none'"
                 )
             if quantization == Quantization.Q4:
-                int8_rows.update(swap_in_q4(model, record.int8_linears - {HEAD}, model.backend))
+                q4_linears = swap_in_q4(model, record.int8_linears - {HEAD}, model.backend)
+                if has_input_order(config):
+                    q4_linears = order_q4_inputs(model, q4_linears)
+                int8_rows.update(q4_linears)
             int8_rows.update(swap_in_int8(model, record.int8_linears, model.backend))
             if is_split:
                 assert shard is not None
@@ -314,4 +324,10 @@ def _mismatch_message(config: ModelConfig, missing: list[str], unexpected: list[
             num_more = len(names) - _MAX_LISTED_NAMES
             more = f" and {num_more} more" if num_more > 0 else ""
             parts.append(f"{len(names)} {label} tensor(s): {listed}{more}")
+    if config.mtp is not None and any(name.startswith(MTP_PARAM_PREFIX) for name in missing):
+        parts.append(
+            f"config.json declares num_nextn_predict_layers {config.mtp.num_layers} but the "
+            "checkpoint lacks those MTP layers (a transformers save drops them): set "
+            "num_nextn_predict_layers to 0 to serve without them"
+        )
     return "; ".join(parts)

@@ -7,6 +7,10 @@ LAYERS = "weights.layers"
 FINAL_NORM = "weights.final_norm"
 LM_HEAD = "weights.lm_head"
 WEIGHT_OWNERS = (EMBEDDINGS, LAYERS, FINAL_NORM, LM_HEAD)
+# Multi-token-prediction layers loaded beside the stack for speculation (glm4_moe): an owner
+# only for the model types that load them.
+MTP = "weights.mtp"
+MTP_PARAM_PREFIX = "model.mtp_layers."
 
 ROPE_TABLE = "rope_table"
 ROPE_TABLE_BUFFER = "cos_sin_cache"  # the module buffer that holds it
@@ -28,4 +32,6 @@ def weight_owner(param_name: str) -> str:
         return EMBEDDINGS
     if param_name.startswith("model.norm."):
         return FINAL_NORM
+    if param_name.startswith(MTP_PARAM_PREFIX):
+        return MTP
     return LAYERS

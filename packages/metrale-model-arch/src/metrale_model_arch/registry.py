@@ -5,14 +5,18 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import ModelConfig
-from metrale_model_arch.architecture import Architecture
+from metrale_model_arch.architecture import Architecture, Trait
 from metrale_model_arch.cache_spec import LayerCacheSpec, attention_cache_specs
 from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
+from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
 from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
+from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
@@ -38,6 +42,7 @@ QWEN3_MOE = Architecture(
     gguf_names=QWEN_GGUF_NAMES,
     param_counts=qwen3_moe_param_counts,
     cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
 )
 MIXTRAL = Architecture(
     model_type="mixtral",
@@ -46,6 +51,7 @@ MIXTRAL = Architecture(
     gguf_names=LLAMA_GGUF_NAMES,
     param_counts=mixtral_param_counts,
     cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
 )
 GLM5_NEXT = Architecture(
     model_type="glm5_next",
@@ -55,19 +61,54 @@ GLM5_NEXT = Architecture(
     param_counts=glm5_next_param_counts,
     cache_specs=attention_cache_specs,
     skeleton=Glm5NextTextSkeleton.from_config,
+    traits=frozenset({Trait.MOE, Trait.MLA, Trait.LINEAR_STATE}),
 )
+# Eager only (partial rotary, GLM's MoE block); MTP layers loaded and owned (weights.mtp).
+GLM4_MOE = Architecture(
+    model_type="glm4_moe",
+    module=Glm4MoeForCausalLM,
+    checkpoint_mapping=glm4_moe_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=glm4_moe_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE}),
+)
+SLIDING = frozenset({Trait.SLIDING_WINDOW})
+# Eager only, no GGUF, no int8 path (see ``families.dense_variants``).
+DENSE_VARIANT = Architecture(
+    model_type="olmo2",
+    module=DenseVariantForCausalLM,
+    checkpoint_mapping=llama_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=dense_variant_param_counts,
+    cache_specs=attention_cache_specs,
+)
+# model type -> traits
+DENSE_VARIANT_TYPES = {
+    "olmo2": frozenset[Trait](),
+    "granite": frozenset[Trait](),
+    "smollm3": SLIDING,
+    "phi3": SLIDING,
+    "gemma2": SLIDING,
+    "gemma3_text": SLIDING,
+}
 
 ARCHITECTURES: dict[str, Architecture] = {
     record.model_type: record
     for record in (
         LLAMA,
-        attrs.evolve(LLAMA, model_type="mistral"),
-        attrs.evolve(LLAMA, model_type="qwen2", gguf_names=QWEN_GGUF_NAMES),
-        attrs.evolve(LLAMA, model_type="qwen3", gguf_names=QWEN_GGUF_NAMES),
+        attrs.evolve(LLAMA, model_type="mistral", traits=SLIDING),
+        attrs.evolve(LLAMA, model_type="qwen2", gguf_names=QWEN_GGUF_NAMES, traits=SLIDING),
+        attrs.evolve(LLAMA, model_type="qwen3", gguf_names=QWEN_GGUF_NAMES, traits=SLIDING),
         QWEN3_MOE,
         MIXTRAL,
+        GLM4_MOE,
         GLM5_NEXT,
         attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
+        *(
+            attrs.evolve(DENSE_VARIANT, model_type=name, traits=traits)
+            for name, traits in DENSE_VARIANT_TYPES.items()
+        ),
     )
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(

@@ -7,7 +7,8 @@ and the head), multiplied by activations written as two int8 digits per value
 token, and the CPU's int8 dot products. Norms, biases and the KV cache stay in the serve dtype.
 ``q4``: the layers' projections in 4-bit blocks of 32 with a float16 scale and minimum each
 (GGUF's Q4_1, :mod:`metrale_kernels.reference.q4_matmul`; a Q4_1 GGUF's blocks are kept bit
-for bit), 5 bits a weight; the embeddings and the head int8 as above.
+for bit, an AWQ/GPTQ int4 checkpoint's repacked, :mod:`metrale_model_arch.int4_blocks`), 5 bits
+a weight; the embeddings and the head int8 as above.
 """
 
 from __future__ import annotations

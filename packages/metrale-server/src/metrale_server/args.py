@@ -28,10 +28,11 @@ class EngineArgs:
     ``speculative_config`` turns on n-gram speculative decoding (off by default).
     ``tensor_parallel_size`` above 1 splits the model over that many ranks
     (:mod:`metrale_server.engine.distributed`): workers started here, or by ``torchrun``.
-    ``quantization`` ``auto`` keeps the checkpoint's format: ``q4`` for a Q4_1 GGUF (where the
-    native cpu kernels run it), ``none`` otherwise; ``int8`` and ``q4`` of float weights are
-    lossy and only ever asked for. ``dtype`` ``auto`` is the checkpoint's own where the device
-    computes it natively (:func:`metrale_server.devices.resolve_dtype`).
+    ``quantization`` ``auto`` keeps the checkpoint's format: ``q4`` for a Q4_1 GGUF or an
+    AWQ/GPTQ int4 checkpoint (where the native cpu kernels run it), ``none`` otherwise;
+    ``int8`` and ``q4`` of float weights are lossy and only ever asked for. ``dtype`` ``auto``
+    is the checkpoint's own where the device computes it natively
+    (:func:`metrale_server.devices.resolve_dtype`).
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
     kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++

@@ -7,6 +7,7 @@ import torch
 from metrale_config import ModelConfig
 from metrale_kernels import BackendUnavailableError, cpu_features, get_backend
 from metrale_model_arch import LoadedModel, Quantization
+from metrale_model_arch.int4_format import has_input_order
 from metrale_model_arch.memory.weights import q4_support_error
 from metrale_model_arch.registry import ARCHITECTURES
 from metrale_server.arg_choices import DTYPE_NAMES
@@ -63,7 +64,8 @@ def resolve_quantization(
     kernel_backend: str = "auto",
 ) -> Quantization:
     """``auto`` keeps the checkpoint's own format: ``q4`` for a GGUF whose projections are all
-    Q4_1 (its blocks kept bit for bit) where the native cpu kernels run them and the blocks tile
+    Q4_1 (its blocks kept bit for bit) or an AWQ/GPTQ int4 checkpoint (repacked to Q4_1 blocks,
+    ``metrale_model_arch.int4_blocks``) where the native cpu kernels run them and the blocks tile
     every projection, a float32 serve on a CPU with int8 dot products or AVX2; ``none`` (the
     weights in ``dtype``) for everything else. ``int8`` and ``q4`` of a float checkpoint are
     lossy and only ever asked for (:func:`faster_format_hint` says when they would be faster)."""
@@ -84,8 +86,13 @@ def _keeps_q4_blocks(
         and cpu_features().int8_matmul
         and record is not None
         and bool(record.int8_linears)
-        and bool(config.gguf_projection_types)
-        and set(config.gguf_projection_types) <= Q4_EXACT_GGML_TYPES
+        and (
+            config.int4_quantization is not None
+            or (
+                bool(config.gguf_projection_types)
+                and set(config.gguf_projection_types) <= Q4_EXACT_GGML_TYPES
+            )
+        )
         and q4_support_error(config) is None
         and _runs_native_cpu_kernels(device, kernel_backend)
     )
@@ -150,18 +157,33 @@ def format_choice_lines(
     if quantization_flag != "auto":
         lines = [f"weights: {loaded.quantization}, as --quantization asked"]
     else:
-        kept = (
-            "the GGUF's Q4_1 blocks, bit for bit"
-            if loaded.quantization == Quantization.Q4
-            else f"the checkpoint's weights in {str(loaded.dtype).removeprefix('torch.')}"
+        int4 = loaded.config.int4_quantization
+        exact = "exact to the checkpoint"
+        if loaded.quantization == Quantization.Q4 and int4 is not None:
+            kept = f"the {int4.describe()} weights as q4 blocks"
+            exact = "zero points as float16 minimums, embeddings and head int8"
+        elif loaded.quantization == Quantization.Q4:
+            kept = "the GGUF's Q4_1 blocks, bit for bit"
+        elif int4 is not None:
+            kept = f"the {int4.describe()} weights dequantized to {_dtype_name(loaded.dtype)}"
+        else:
+            kept = f"the checkpoint's weights in {_dtype_name(loaded.dtype)}"
+        lines = [f"weights: {loaded.quantization} (auto keeps {kept}; {exact})"]
+    if loaded.quantization == Quantization.Q4 and has_input_order(loaded.config):
+        lines.append(
+            "GPTQ desc_act: each q4 projection gathers its inputs in g_idx order, so the "
+            "native layer executor (plain q4 projections) leaves these layers to the others"
         )
-        lines = [f"weights: {loaded.quantization} (auto keeps {kept}; exact to the checkpoint)"]
     if split:
         lines.append(f"over {tensor_parallel_size} ranks: {SPLIT_EXACTNESS[loaded.quantization]}")
     hint = faster_format_hint(loaded.quantization, loaded.device, loaded.dtype, loaded.config)
     if hint is not None and not split:
         lines.append(hint)
     return lines
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def kernel_summary(loaded: LoadedModel) -> str:

@@ -7,7 +7,7 @@ import attrs
 import pytest
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import Int4Method, Int4Quantization, ModelConfig
 from metrale_kernels.cpu_features import CpuFeatures
 from metrale_model_arch import QUANTIZATION_NAMES, LoadedModel, Quantization
 from metrale_server import EngineArgs, devices
@@ -136,6 +136,13 @@ def q4_tileable_config(**changes: object) -> ModelConfig:
     return ModelConfig(**{**fields, **changes})  # type: ignore[arg-type]
 
 
+AWQ_INT4: dict[str, object] = {
+    "quantization_method": "awq",
+    "gguf_projection_types": (),
+    "int4_quantization": Int4Quantization(method=Int4Method.AWQ, group_size=32),
+}
+
+
 @pytest.mark.parametrize(
     ("changes", "kernel_backend", "expected"),
     [
@@ -146,6 +153,8 @@ def q4_tileable_config(**changes: object) -> ModelConfig:
         ({"gguf_projection_types": ("Q4_0",)}, "auto", Quantization.NONE),  # not kept exactly
         ({"gguf_projection_types": ()}, "auto", Quantization.NONE),  # safetensors
         ({"intermediate_size": 48}, "auto", Quantization.NONE),  # not whole blocks of 32
+        (AWQ_INT4, "auto", Quantization.Q4),  # its 4-bit weights repacked, not a float copy
+        (AWQ_INT4, "torch", Quantization.NONE),
     ],
 )
 def test_auto_quantization_is_q4_for_a_q4_1_gguf_on_the_native_kernels(

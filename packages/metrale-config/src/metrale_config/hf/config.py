@@ -7,11 +7,22 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import attrs
+
 from metrale_config.errors import ConfigError
 from metrale_config.fields import FieldReader
+from metrale_config.hf.dense_families import (
+    parse_gemma2,
+    parse_gemma3_text,
+    parse_granite,
+    parse_olmo2,
+    parse_phi3,
+    parse_smollm3,
+)
 from metrale_config.hf.glm5_next import parse_glm5_next
 from metrale_config.hf.llama_like import parse_llama_like
-from metrale_config.hf.moe import parse_mixtral, parse_qwen3_moe
+from metrale_config.hf.moe import parse_glm4_moe, parse_mixtral, parse_qwen3_moe
+from metrale_config.hf.quantization import parse_int4_quantization
 from metrale_config.model_config import ModelConfig
 from metrale_config.validation import validate_model_config
 
@@ -24,8 +35,15 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "qwen3": parse_llama_like,
     "qwen3_moe": parse_qwen3_moe,
     "mixtral": parse_mixtral,
+    "glm4_moe": parse_glm4_moe,
     "glm5_next": parse_glm5_next,
     "glm5_next_text": parse_glm5_next,
+    "olmo2": parse_olmo2,
+    "granite": parse_granite,
+    "smollm3": parse_smollm3,
+    "phi3": parse_phi3,
+    "gemma2": parse_gemma2,
+    "gemma3_text": parse_gemma3_text,
 }
 
 
@@ -64,5 +82,7 @@ def model_config_from_hf_dict(data: Mapping[str, object], *, source: str) -> Mod
             f"{source}: unsupported model_type '{model_type}'; supported: {supported}"
         )
     config = parser(reader, model_type)
+    if (int4 := parse_int4_quantization(reader)) is not None:
+        config = attrs.evolve(config, int4_quantization=int4)
     validate_model_config(config)
     return config

@@ -37,6 +37,8 @@ class FamilyDefaults:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     sliding_window: int | None = None
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
 
 
 DEFAULTS = {
@@ -64,6 +66,50 @@ DEFAULTS = {
         num_key_value_heads=8,
         bos_token_id=1,
         eos_token_id=2,
+    ),
+    "glm4_moe": FamilyDefaults(
+        max_position_embeddings=131072, rms_norm_eps=1e-5, num_key_value_heads=8
+    ),
+    "olmo2": FamilyDefaults(
+        max_position_embeddings=2048, rms_norm_eps=1e-5, eos_token_id=50279, pad_token_id=1
+    ),
+    "granite": FamilyDefaults(max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+    "smollm3": FamilyDefaults(
+        max_position_embeddings=32768,
+        rope_theta=2000000.0,
+        num_key_value_heads=4,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        pad_token_id=128004,
+        tie_word_embeddings=True,
+    ),
+    "phi3": FamilyDefaults(
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=32000,
+        pad_token_id=32000,
+    ),
+    "gemma2": FamilyDefaults(
+        max_position_embeddings=8192,
+        head_dim=256,
+        num_key_value_heads=4,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        sliding_window=4096,
+        tie_word_embeddings=True,
+    ),
+    "gemma3_text": FamilyDefaults(
+        max_position_embeddings=131072,
+        rope_theta=1000000.0,
+        head_dim=256,
+        num_key_value_heads=4,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        sliding_window=4096,
+        tie_word_embeddings=True,
     ),
 }
 
@@ -108,10 +154,10 @@ def parse_common(reader: FieldReader, model_type: str) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=reader.boolean("tie_word_embeddings", False),
+        tie_word_embeddings=reader.boolean("tie_word_embeddings", defaults.tie_word_embeddings),
         bos_token_id=reader.optional_integer("bos_token_id", defaults.bos_token_id),
         eos_token_ids=parse_eos_token_ids(reader, defaults.eos_token_id),
-        pad_token_id=reader.optional_integer("pad_token_id"),
+        pad_token_id=reader.optional_integer("pad_token_id", defaults.pad_token_id),
         torch_dtype=parse_dtype(reader),
         layer_types=(FULL,) * num_hidden_layers,
         quantization_method=parse_quantization_method(reader),

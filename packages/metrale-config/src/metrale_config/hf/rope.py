@@ -33,9 +33,14 @@ def parse_hf_rope(
         rope_type = params.string("type", "default")
     if rope_type == "default":
         return theta, None
-    factor = (
-        params.number("factor") if rope_type in _FACTOR_REQUIRED else params.number("factor", 1.0)
-    )
+    if rope_type in _FACTOR_REQUIRED:
+        factor = params.number("factor")
+    elif rope_type == "longrope" and params.optional_number("factor") is None:
+        # transformers: max_position_embeddings / original_max_position_embeddings.
+        original = params.optional_integer("original_max_position_embeddings")
+        factor = max_position_embeddings / original if original else 1.0
+    else:
+        factor = params.number("factor", 1.0)
     if rope_type in _FACTOR_REQUIRED and factor <= 0:
         raise params.error("factor", f"must be positive, got {factor}")
     original_default = max_position_embeddings if rope_type in _ORIGINAL_MAX_DEFAULTED else None
@@ -45,8 +50,16 @@ def parse_hf_rope(
     else:
         low_freq_factor = params.optional_number("low_freq_factor")
         high_freq_factor = params.optional_number("high_freq_factor")
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    if rope_type == "longrope":
+        short_factor = _number_list(params, "short_factor")
+        long_factor = _number_list(params, "long_factor")
     scaling = RopeScaling(
         rope_type=rope_type,
+        short_factor=short_factor,
+        long_factor=long_factor,
+        attention_factor=params.optional_number("attention_factor"),
         factor=factor,
         low_freq_factor=low_freq_factor,
         high_freq_factor=high_freq_factor,
@@ -55,3 +68,12 @@ def parse_hf_rope(
         ),
     )
     return theta, scaling
+
+
+def _number_list(reader: FieldReader, name: str) -> tuple[float, ...]:
+    value = reader.data.get(name)
+    if not isinstance(value, list) or not all(
+        isinstance(item, int | float) and not isinstance(item, bool) for item in value
+    ):
+        raise reader.error(name, "must be a list of numbers")
+    return tuple(float(item) for item in value)

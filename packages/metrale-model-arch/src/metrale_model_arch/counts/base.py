@@ -12,6 +12,8 @@ class ParamCounts:
     ``layers_int8_weights``: how many of ``layers`` are weights of the linear layers int8
     quantization replaces, in ``layers_int8_rows`` output channels (each with a scale);
     ``layers_projection_shapes``: those linear layers' ``(out, in)`` shapes, every layer's.
+    ``mtp`` / ``mtp_fp32``: the multi-token-prediction layers a family loads beside its stack
+    (glm4_moe), at the serve dtype and in float32; zero where they are not loaded.
     """
 
     embeddings: int
@@ -22,3 +24,5 @@ class ParamCounts:
     layers_int8_weights: int = 0
     layers_int8_rows: int = 0
     layers_projection_shapes: tuple[tuple[int, int], ...] = ()
+    mtp: int = 0
+    mtp_fp32: int = 0

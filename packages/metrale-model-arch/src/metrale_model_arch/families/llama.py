@@ -25,6 +25,22 @@ from metrale_model_arch.families.row_invariant_layers import head_logits
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
 UNSUPPORTED_FEATURES = ("moe", "mla", "dsa", "linear_attention", "mhc", "swiglu_limit")
+# The dense variants' switches (:mod:`~metrale_model_arch.families.dense_variants`), at the
+# values that mean plain llama.
+LLAMA_LAYER_DEFAULTS: dict[str, object] = {
+    "norm_layout": "pre",
+    "norm_weight_offset": 0.0,
+    "qk_norm_per_head": True,
+    "embedding_multiplier": 1.0,
+    "attention_scale": None,
+    "residual_multiplier": 1.0,
+    "logits_scaling": 1.0,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "partial_rotary_factor": 1.0,
+    "nope_layers": (),
+    "local_rope_theta": None,
+}
 
 _QKV = re.compile(r"(?P<prefix>.+)\.(?P<part>[qkv])_proj\.(?P<kind>weight|bias)")
 _GATE_UP = re.compile(r"(?P<prefix>.+)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)")
@@ -225,7 +241,9 @@ class LlamaForCausalLM(CausalLM):
     """Model types ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` (see :class:`CausalLM`).
 
     A subclass with another MLP per layer (an MoE block) overrides ``check_config`` and
-    ``build_mlp``; attention, norms, embeddings and head stay the same.
+    ``build_mlp``; attention, norms, embeddings and head stay the same. Every subclass computes
+    ``layer_qkv`` / ``layer_output``, which the compiled and native executors run: a family
+    whose layers differ (:mod:`~metrale_model_arch.families.dense_variants`) is no subclass.
     """
 
     def __init__(
@@ -347,17 +365,28 @@ def qkv_sizes(config: ModelConfig) -> tuple[int, int]:
 
 
 def check_supported(
-    config: ModelConfig, unsupported: tuple[str, ...] = UNSUPPORTED_FEATURES
+    config: ModelConfig,
+    unsupported: tuple[str, ...] = UNSUPPORTED_FEATURES,
+    *,
+    hidden_acts: tuple[str, ...] = SUPPORTED_HIDDEN_ACTS,
+    layer_variants: bool = False,
 ) -> None:
-    """Raise ``ValueError`` naming the first config feature this family cannot run."""
-    if config.hidden_act not in SUPPORTED_HIDDEN_ACTS:
+    """Raise ``ValueError`` naming the first config feature this family cannot run (with
+    ``layer_variants``, the dense variants' switches and LongRoPE are not refused)."""
+    if config.hidden_act not in hidden_acts:
         raise ValueError(
             f"unsupported hidden_act {config.hidden_act!r} for {config.model_type}; "
-            f"supported: {', '.join(SUPPORTED_HIDDEN_ACTS)}"
+            f"supported: {', '.join(hidden_acts)}"
         )
     for feature in unsupported:
         if getattr(config, feature, None) is not None:
             raise ValueError(f"{config.model_type}: the llama family does not support {feature}")
+    if not layer_variants:
+        for field, plain in LLAMA_LAYER_DEFAULTS.items():
+            if getattr(config, field) != plain:
+                raise ValueError(f"{config.model_type}: the llama family does not support {field}")
+        if config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope":
+            raise ValueError(f"{config.model_type}: the llama family does not support longrope")
     if config.num_attention_heads % config.num_key_value_heads:
         raise ValueError(
             f"num_attention_heads ({config.num_attention_heads}) is not a multiple of "

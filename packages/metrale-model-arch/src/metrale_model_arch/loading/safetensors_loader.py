@@ -6,7 +6,7 @@ Only the safetensors format is read: never pickle, never ``torch.load``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -15,10 +15,13 @@ from safetensors import SafetensorError, safe_open
 from metrale_config import ModelConfig
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.int4_format import int4_support_error
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.int4_checkpoints import int4_checkpoint_tensors
 from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
+from metrale_model_arch.q4_1_blocks import Q4_1Blocks
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -93,10 +96,8 @@ def load_safetensors_model(
 ) -> CausalLM:
     """Build ``config``'s model from the safetensors checkpoint in ``model_dir``: a causal
     LM's, or its base model's alone (:func:`is_base_model_checkpoint`) when the head is tied."""
-    if config.quantization_method is not None:
-        raise CheckpointError(
-            f"{model_dir}: {config.quantization_method!r}-quantized safetensors are not supported"
-        )
+    if (error := quantized_checkpoint_error(config, options)) is not None:
+        raise CheckpointError(f"{model_dir}: {error}")
     names = checkpoint_tensor_names(model_dir)
     has_head = any(LM_HEAD in file_names for file_names in names.values())
     if is_base_model_checkpoint(names) and not has_head and not config.tie_word_embeddings:
@@ -114,12 +115,34 @@ def load_safetensors_model(
     with load_progress(
         total, f"Loading {Path(model_dir).name}", on_progress=options.on_progress
     ) as advance:
+        read = iter_safetensors(names, advance, slice_of)
+        tensors: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]] = (
+            read if config.int4_quantization is None else int4_checkpoint_tensors(read, config)
+        )
         return build_model(
             config,
-            iter_safetensors(names, advance, slice_of),
+            tensors,
             options,
             is_sharded=slice_of is not None,
         )
+
+
+def quantized_checkpoint_error(config: ModelConfig, options: LoadOptions) -> str | None:
+    """Why ``config``'s ``quantization_config`` cannot be loaded with ``options``, or None: only
+    AWQ and GPTQ int4 (:mod:`~metrale_model_arch.loading.int4_checkpoints`) are read, on one
+    rank."""
+    if config.quantization_method is None:
+        return None
+    if config.int4_quantization is None:
+        return (
+            f"quantization_config.quant_method {config.quantization_method!r} is not supported "
+            "for safetensors checkpoints (supported: awq, gptq)"
+        )
+    if (error := int4_support_error(config)) is not None:
+        return error
+    if options.shard is not None and options.shard.world_size > 1:
+        return f"{config.int4_quantization.method} int4 checkpoints are not split across ranks yet"
+    return None
 
 
 def _weight_map(index_path: Path) -> dict[str, str]:

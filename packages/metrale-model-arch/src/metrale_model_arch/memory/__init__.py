@@ -41,6 +41,7 @@ from metrale_model_arch.memory.plan import (
 from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
 from metrale_model_arch.memory.weights import (
+    MTP,
     WEIGHT_OWNERS,
     ParamCounts,
     WeightBytes,
@@ -56,6 +57,7 @@ __all__ = [
     "GLM5_NEXT_MODEL_TYPES",
     "KV_POOL",
     "LINEAR_STATE_POOL",
+    "MTP",
     "PER_SEQUENCE_STATE",
     "ROPE_TABLE",
     "RUNTIME_HEADROOM",

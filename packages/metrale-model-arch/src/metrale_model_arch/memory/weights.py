@@ -1,15 +1,18 @@
 """Weight bytes by owner, from the config alone.
 
-Owners are the parts of the model a reader asks about: the token embeddings, the decoder
-layers, the final norm and the LM head. A head tied to the embeddings is counted once, under
-``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its
-parameter count times the serve dtype's size, except parameters the architecture keeps in
-float32 (counted apart, in ``ParamCounts.*_fp32``). With int8 weights, the embeddings, the head
-and the layers' projections cost a byte per parameter plus a float32 scale per row
+Owners are the parts of the model a reader asks about: the token embeddings, the decoder layers, the
+final norm and the LM head, and the MTP layers of a family that loads them (glm4_moe:
+``weights.mtp``, kept for MTP speculation). A head tied to the embeddings is counted once, under
+``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its parameter
+count times the serve dtype's size, except parameters the architecture keeps in float32 (counted
+apart, in ``ParamCounts.*_fp32``). With int8 weights, the embeddings, the head and the layers'
+projections cost a byte per parameter plus a float32 scale per row
 (:func:`~metrale_model_arch.weight_format.int8_matrix_bytes`). With q4 weights the layers'
 projections cost :func:`~metrale_model_arch.weight_format.q4_matrix_bytes` each instead, the
-embeddings and the head int8 as before. Each model type's counter is its architecture record's
-``param_counts``.
+embeddings and the head int8 as before; an AWQ/GPTQ checkpoint's projections become exactly such
+blocks, plus GPTQ ``desc_act``'s input orders
+(:func:`~metrale_model_arch.int4_format.input_order_bytes`). Each model type's counter is its
+architecture record's ``param_counts``.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import attrs
 from metrale_config import ModelConfig
 from metrale_model_arch.counts.base import ParamCounts
 from metrale_model_arch.counts.llama import llama_param_counts
+from metrale_model_arch.int4_format import input_order_bytes, int4_support_error
 from metrale_model_arch.owners import (
     EMBEDDINGS,
     FINAL_NORM,
     LAYERS,
     LM_HEAD,
+    MTP,
     WEIGHT_OWNERS,
     weight_owner,
 )
@@ -41,6 +46,7 @@ __all__ = [
     "FINAL_NORM",
     "LAYERS",
     "LM_HEAD",
+    "MTP",
     "WEIGHT_OWNERS",
     "ParamCounts",
     "WeightBytes",
@@ -54,13 +60,17 @@ __all__ = [
 
 @attrs.frozen(kw_only=True)
 class WeightBytes:
+    """``mtp``: the multi-token-prediction layers a family loads (glm4_moe), else zero; an
+    owner of ``by_owner`` only when non-zero."""
+
     embeddings: int
     layers: int
     final_norm: int
     lm_head: int
+    mtp: int = 0
 
     def total(self) -> int:
-        return self.embeddings + self.layers + self.final_norm + self.lm_head
+        return self.embeddings + self.layers + self.final_norm + self.lm_head + self.mtp
 
     def by_owner(self) -> dict[str, int]:
         return {
@@ -68,6 +78,7 @@ class WeightBytes:
             LAYERS: self.layers,
             FINAL_NORM: self.final_norm,
             LM_HEAD: self.lm_head,
+            **({MTP: self.mtp} if self.mtp else {}),
         }
 
 
@@ -76,6 +87,8 @@ def weight_bytes(
 ) -> WeightBytes:
     """Bytes of every weight at ``dtype_bytes`` per element (float32 parameters stay 4)."""
     counts = param_counts(config)
+    if (error := int4_support_error(config)) is not None:
+        raise ValueError(error)
     if quantization in (Quantization.INT8, Quantization.Q4):
         return _quantized_weight_bytes(config, counts, dtype_bytes, quantization)
     return WeightBytes(
@@ -83,6 +96,7 @@ def weight_bytes(
         layers=counts.layers * dtype_bytes + counts.layers_fp32 * FLOAT32_BYTES,
         final_norm=counts.final_norm * dtype_bytes,
         lm_head=counts.lm_head * dtype_bytes,
+        mtp=counts.mtp * dtype_bytes + counts.mtp_fp32 * FLOAT32_BYTES,
     )
 
 
@@ -109,7 +123,7 @@ def _quantized_weight_bytes(
             raise ValueError(error)
         projections = sum(
             q4_matrix_bytes(rows, cols) for rows, cols in counts.layers_projection_shapes
-        )
+        ) + input_order_bytes(config)
     else:
         projections = counts.layers_int8_weights + counts.layers_int8_rows * FLOAT32_BYTES
     hidden = config.hidden_size

@@ -183,10 +183,11 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
     inputs = plan.inputs
     weights = plan.weights
     tied = " (tied to the embeddings)" if config.tie_word_embeddings else ""
+    mtp = f" + MTP layers {_mb(weights.mtp)} MiB" if weights.mtp else ""
     lines = [
         f"Weights ({weight_format(inputs)}): {_gb(weights.total())} GiB = embeddings "
         f"{_mb(weights.embeddings)} MiB + layers {_mb(weights.layers)} MiB + final norm "
-        f"{_mb(weights.final_norm)} MiB + lm_head {_mb(weights.lm_head)} MiB{tied}",
+        f"{_mb(weights.final_norm)} MiB + lm_head {_mb(weights.lm_head)} MiB{tied}{mtp}",
         f"RoPE table: {_mb(plan.rope_table_bytes)} MiB ({inputs.max_seq_len} positions, float32)",
     ]
     if config.model_type in GLM5_NEXT_MODEL_TYPES and inputs.indexer_paged and config.dsa:

@@ -1,0 +1,228 @@
+"""GLM-4.5 / 4.6 (``glm4_moe``): GQA attention with partial rotary, q/k/v biases and optional
+per-head q/k norms; the first ``first_k_dense_replace`` layers a dense SwiGLU MLP, the rest
+GLM's MoE (sigmoid scores with a float32 correction bias, group-limited top-k, shared experts:
+:class:`~metrale_model_arch.families.glm5_next.mlp.GlmMoeBlock`, unclamped).
+
+The checkpoint's multi-token-prediction layers (``model.layers.{num_hidden_layers + k}``:
+``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and one decoder block) are loaded into
+``model.mtp_layers`` and owned by ``weights.mtp`` in the memory plan. They are kept for MTP
+speculation (issue 34) and not run until then. A copy of the embedding or LM head inside an MTP
+layer is skipped: MTP uses the target's.
+
+Its layers are no llama layer (partial rotary, the MoE block): it runs eagerly, never through
+the compiled or native llama executors.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import cast
+
+import attrs
+import torch
+from torch import nn
+
+from metrale_config import ModelConfig
+from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_model_arch.counts.moe import SPARSE, require_moe
+from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
+from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.dense_variants import VariantAttention
+from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
+from metrale_model_arch.families.llama import (
+    UNSUPPORTED_FEATURES,
+    LlamaMLP,
+    RMSNorm,
+    check_supported,
+)
+from metrale_model_arch.families.moe import moe_checkpoint_mapping
+from metrale_model_arch.families.rotary import rope_cos_sin_table
+from metrale_model_arch.families.row_invariant_layers import head_logits
+
+MTP_LAYERS = "model.mtp_layers"
+logger = logging.getLogger("metrale.load")
+
+
+class Glm4MoeDecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_index: int, is_sparse: bool, backend: KernelBackend
+    ) -> None:
+        super().__init__()
+        self.self_attn = VariantAttention(config, layer_index, backend)
+        self.mlp: GlmMoeBlock | LlamaMLP
+        if is_sparse:
+            self.mlp = GlmMoeBlock(config, require_moe(config), backend)
+        else:
+            self.mlp = LlamaMLP(config, backend)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        attention = self.self_attn
+        q, k, v = attention.project_qkv(self.input_layernorm(hidden), positions, cos_sin)
+        attended = attention.attend(q, k, v, kv_cache, metadata)
+        hidden = hidden + attention.o_proj(attended.reshape(hidden.shape[0], -1))
+        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return out
+
+
+class SharedHead(nn.Module):
+    def __init__(self, config: ModelConfig, backend: KernelBackend) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+
+
+class Glm4MoeMtpLayer(Glm4MoeDecoderLayer):
+    """One MTP layer's weights: its decoder block (this class's own attention, norms and MLP),
+    ``enorm`` / ``hnorm`` over the next token's embedding and the target's hidden state,
+    ``eh_proj (hidden, 2 * hidden)`` over their concatenation, and ``shared_head.norm`` before
+    the target's LM head. Loaded and owned here; the proposer that runs them is issue 34's."""
+
+    def __init__(
+        self, config: ModelConfig, layer_index: int, is_sparse: bool, backend: KernelBackend
+    ) -> None:
+        super().__init__(config, layer_index, is_sparse, backend)
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = RMSNorm(hidden, eps, backend)
+        self.hnorm = RMSNorm(hidden, eps, backend)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.shared_head = SharedHead(config, backend)
+
+
+class Glm4MoeModel(nn.Module):
+    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
+        super().__init__()
+        moe = require_moe(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Glm4MoeDecoderLayer(config, i, kind == SPARSE, backend)
+            for i, kind in enumerate(moe.mlp_layer_types)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+        mtp_kinds = config.mtp.mlp_layer_types if config.mtp is not None else ()
+        self.mtp_layers = nn.ModuleList(
+            Glm4MoeMtpLayer(config, config.num_hidden_layers + k, kind == SPARSE, backend)
+            for k, kind in enumerate(mtp_kinds)
+        )
+        # (max_seq_len, rotary_dim) float32: cos, then sin; never in a checkpoint.
+        self.cos_sin_cache: torch.Tensor
+        self.register_buffer(
+            "cos_sin_cache", rope_cos_sin_table(config, max_seq_len), persistent=False
+        )
+
+
+class Glm4MoeForCausalLM(CausalLM):
+    """Model type ``glm4_moe`` (see :class:`CausalLM` and this module's docstring)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        max_seq_len: int | None = None,
+        backend: KernelBackend | None = None,
+    ) -> None:
+        super().__init__()
+        check_glm4_moe_config(config)
+        self.config = config
+        self.max_seq_len = max_seq_len or config.max_position_embeddings
+        self.backend = backend if backend is not None else TorchBackend()
+        self.model = Glm4MoeModel(config, self.max_seq_len, self.backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        if config.mtp is not None:
+            logger.info(
+                "glm4_moe: %d MTP layer(s) loaded (weights.mtp), kept for MTP speculation "
+                "(issue 34) and unused until then",
+                config.mtp.num_layers,
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[LayerCache],
+        metadata: AttentionMetadata,
+        states: Sequence[LayerState] = (),
+    ) -> torch.Tensor:
+        del states  # no per-sequence state
+        layers = cast("Sequence[Glm4MoeDecoderLayer]", self.model.layers)
+        if len(kv_caches) != len(layers):
+            raise ValueError(f"{len(kv_caches)} KV caches for {len(layers)} layers")
+        cos_sin = self.model.cos_sin_cache
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
+            hidden = layer(hidden, positions, cos_sin, kv_cache, metadata)
+        out: torch.Tensor = self.model.norm(hidden)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return head_logits(self.lm_head, hidden, out)
+
+
+def check_glm4_moe_config(config: ModelConfig) -> None:
+    """Raise ``ValueError`` naming what this family cannot run in ``config``."""
+    require_moe(config)
+    # Partial rotary is this family's own; every other llama switch must be plain.
+    plain = attrs.evolve(config, partial_rotary_factor=1.0)
+    check_supported(plain, tuple(f for f in UNSUPPORTED_FEATURES if f != "moe"))
+    if config.rope_scaling is not None:
+        # GLM-4.5 / 4.6 use plain RoPE; scaled partial rotary is not checked against transformers.
+        raise ValueError(
+            f"{config.source}: glm4_moe with rope_type {config.rope_scaling.rope_type!r} is not "
+            "supported (plain RoPE only)"
+        )
+    if config.mlp_bias or config.o_proj_bias:
+        raise ValueError(f"{config.model_type}: MLP or o_proj biases are not supported")
+    mtp = config.mtp
+    if mtp is not None and len(mtp.mlp_layer_types) != mtp.num_layers:
+        raise ValueError(
+            f"{config.source}: {mtp.num_layers} MTP layers but {len(mtp.mlp_layer_types)} "
+            "MTP MLP kinds"
+        )
+
+
+_LAYER = re.compile(r"model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)")
+_ROUTER = re.compile(r"mlp\.gate\.(?:weight|e_score_correction_bias)")
+_MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def glm4_moe_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
+    """The MoE families' names (per-expert projections stacked, q/k/v and gate/up fused), the
+    router and its correction bias kept float32, and MTP layer ``num_hidden_layers + k`` moved
+    to ``model.mtp_layers.k`` (its copies of the embedding and LM head skipped); MTP layers
+    past ``num_nextn_predict_layers`` (0 serves without them) are skipped, as transformers
+    skips them all."""
+    routed = moe_checkpoint_mapping(config)
+    num_layers = config.num_hidden_layers
+    num_mtp = config.mtp.num_layers if config.mtp is not None else 0
+
+    def target(name: str, shape: tuple[int, ...]) -> TensorTarget | Skip | None:
+        layer = _LAYER.fullmatch(name)
+        if layer is None:
+            return routed(name, shape)
+        index, rest = int(layer["layer"]), layer["rest"]
+        if index >= num_layers + num_mtp:
+            return Skip(f"layer {index}: an MTP layer beyond num_nextn_predict_layers")
+        if index >= num_layers and rest in _MTP_COPIES:
+            return Skip(f"MTP layer {index}: a copy of the target's embedding or LM head")
+        mapped = routed(name, shape)
+        if _ROUTER.fullmatch(rest) and isinstance(mapped, TensorTarget):
+            mapped = attrs.evolve(mapped, keep_float32=True)
+        if index < num_layers or not isinstance(mapped, TensorTarget):
+            return mapped
+        old_prefix = f"model.layers.{index}."
+        assert mapped.param.startswith(old_prefix)
+        moved = f"{MTP_LAYERS}.{index - num_layers}.{mapped.param[len(old_prefix) :]}"
+        return attrs.evolve(mapped, param=moved)
+
+    return target

@@ -1,0 +1,313 @@
+"""Parity of the dense variants (olmo2, granite, smollm3, phi3, gemma2, gemma3_text) with
+transformers: tiny random models, every parameter randomized, float32."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from metrale_config import ModelConfig, NormLayout, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
+from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
+from metrale_model_arch.families.compiled_steps import can_compile
+from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
+from metrale_model_arch.families.native_steps import native_executor
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.registry import family_for
+from metrale_model_arch.rope_layout import num_rope_tables
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB_SIZE = 256
+BLOCK_SIZE = 4
+NUM_GREEDY_TOKENS = 32
+PROMPT_LENS = (1, 5, 11, 17, 26)
+# phi3's LongRoPE runs within its original context, here every prompt and its greedy tokens.
+ORIGINAL_MAX_POSITIONS = 64
+SMALL = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+# name -> (transformers config class, model class, config kwargs)
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "olmo2-post-norms-bias": (
+        "Olmo2Config",
+        "Olmo2ForCausalLM",
+        {"num_hidden_layers": 2, "attention_bias": True},
+    ),
+    "granite-multipliers-bias": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "embedding_multiplier": 3.0,
+            "attention_multiplier": 0.2,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 2.5,
+            "attention_bias": True,
+            "mlp_bias": True,
+        },
+    ),
+    "smollm3-nope-tied": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        {"num_hidden_layers": 4, "no_rope_layer_interval": 2},
+    ),
+    "phi3-longrope-partial-rotary": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": ORIGINAL_MAX_POSITIONS,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.2],
+                "long_factor": [1.5, 2.5, 4.0, 7.0],
+            },
+        },
+    ),
+    "phi3-sliding": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {"num_hidden_layers": 2, "sliding_window": 7},
+    ),
+    "gemma2-softcap-sliding": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 20,
+            "attn_logit_softcapping": 4.0,
+            "final_logit_softcapping": 1.5,
+        },
+    ),
+    "gemma3_text-local-rope-sliding": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 20,
+            "sliding_window_pattern": 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+            },
+        },
+    ),
+}
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    name: str
+    path: Path
+    config: ModelConfig
+    hf_model: Any
+    prompts: dict[int, list[int]]
+
+
+def randomize(model: Any, is_gemma: bool) -> None:
+    """Every parameter random: norms near their identity (gemma's ``1 + w`` around 0). Gemma's
+    embeddings (times sqrt(hidden), tied to the head) get less noise, so the layers, not the
+    input token, choose the next token."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            scale = 0.02 if is_gemma and "embed" in name else 0.3
+            noise = scale * torch.randn(param.shape, generator=generator)
+            param.copy_(noise + (1.0 if "norm" in name and not is_gemma else 0.0))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Checkpoint:
+    config_class, model_class, kwargs = CASES[request.param]
+    hf_config = getattr(transformers, config_class)(**SMALL, **kwargs)
+    hf_model = getattr(transformers, model_class)(hf_config).eval()
+    randomize(hf_model, is_gemma=request.param.startswith("gemma"))
+    path = tmp_path_factory.mktemp(request.param)
+    hf_model.save_pretrained(path, safe_serialization=True)
+    generator = torch.Generator().manual_seed(1)
+    prompts = {
+        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
+        for seq_id, length in enumerate(PROMPT_LENS)
+    }
+    return Checkpoint(
+        name=request.param,
+        path=path,
+        config=model_config_from_hf_file(path),
+        hf_model=hf_model,
+        prompts=prompts,
+    )
+
+
+def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DenseVariantForCausalLM:
+    max_seq_len = ORIGINAL_MAX_POSITIONS if "longrope" in checkpoint.name else None
+    options = LoadOptions(dtype=dtype, device="cpu", max_seq_len=max_seq_len)
+    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
+    assert isinstance(model, DenseVariantForCausalLM)
+    return model
+
+
+def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
+
+
+def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+    config, name = checkpoint.config, checkpoint.name
+    assert family_for(config) is DenseVariantForCausalLM
+    assert config.num_key_value_heads < config.num_attention_heads
+    assert (config.norm_layout == NormLayout.POST) == name.startswith("olmo2")
+    assert (config.norm_layout == NormLayout.SANDWICH) == name.startswith("gemma")
+    assert config.qk_norm == name.startswith(("olmo2", "gemma3"))
+    assert (config.sliding_window is not None) == ("sliding" in name)
+    assert (config.attn_logit_softcapping is not None) == ("softcap" in name)
+    assert (config.final_logit_softcapping is not None) == ("softcap" in name)
+    assert bool(config.nope_layers) == ("nope" in name)
+    assert config.tie_word_embeddings == name.startswith(("smollm3", "gemma"))
+    assert num_rope_tables(config) == (2 if "local-rope" in name else 1)
+    rope_type = config.rope_scaling.rope_type if config.rope_scaling else "default"
+    assert (rope_type == "longrope") == ("longrope" in name)
+    if "sliding" in name:
+        assert config.sliding_window is not None
+        assert config.sliding_window < max(PROMPT_LENS)
+        assert len(set(config.layer_types)) == (1 if name.startswith("phi3") else 2)
+
+
+def test_parameter_counts_equal_transformers(checkpoint: Checkpoint) -> None:
+    counts = dense_variant_param_counts(checkpoint.config)
+    ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
+    assert ours == sum(p.numel() for p in checkpoint.hf_model.parameters())
+    assert ours == sum(p.numel() for p in load(checkpoint).parameters())
+
+
+def test_ragged_prefill_matches_transformers(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
+    logits = runner.step(checkpoint.prompts)
+    for seq_id, prompt in checkpoint.prompts.items():
+        expected = hf_logits(checkpoint, prompt)
+        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
+        torch.testing.assert_close(logits[seq_id], expected, atol=1e-4, rtol=0)
+
+
+def greedy(
+    model: DenseVariantForCausalLM,
+    prompts: dict[int, list[int]],
+    paged_runner: Callable[..., Any],
+    seed: int,
+) -> dict[int, list[int]]:
+    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
+    generated: dict[int, list[int]] = {seq_id: [] for seq_id in prompts}
+    new_tokens = prompts
+    for _ in range(NUM_GREEDY_TOKENS):
+        logits = runner.step(new_tokens)
+        new_tokens = {s: [int(out[-1].argmax())] for s, out in logits.items()}
+        for seq_id, (token,) in new_tokens.items():
+            generated[seq_id].append(token)
+    return generated
+
+
+def test_batched_greedy_decode_matches_transformers_generate_and_alone(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    expected: dict[int, list[int]] = {}
+    for seq_id, prompt in checkpoint.prompts.items():
+        with torch.inference_mode():
+            out = checkpoint.hf_model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+                max_new_tokens=NUM_GREEDY_TOKENS,
+                do_sample=False,
+            )
+        expected[seq_id] = out[0, len(prompt) :].tolist()
+        assert len(expected[seq_id]) == NUM_GREEDY_TOKENS
+        assert len(set(expected[seq_id])) >= 8, "a degenerate model proves little"
+    model = load(checkpoint)
+    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
+    alone = greedy(model, {4: checkpoint.prompts[4]}, paged_runner, seed=7)
+    assert alone[4] == expected[4]
+
+
+def test_chunked_prefill_matches_one_shot(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    model = load(checkpoint)
+    prompt, other = checkpoint.prompts[4], checkpoint.prompts[2]
+    first_cut, second_cut = 9, 19
+    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
+    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
+    first = chunked.step({0: prompt[:first_cut]})[0]
+    # The second chunk shares its step with another sequence's whole prefill.
+    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
+    third = chunked.step({0: prompt[second_cut:]})[0]
+    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
+    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
+
+
+def test_bfloat16_model_is_as_close_to_float32_as_transformers_bfloat16(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    prompt = checkpoint.prompts[4]
+    model = load(checkpoint, torch.bfloat16)
+    ours = paged_runner(model, num_blocks=16, block_size=BLOCK_SIZE).step({0: prompt})[0]
+    assert ours.dtype == torch.bfloat16
+    with torch.inference_mode():
+        hf_bf16 = copy.deepcopy(checkpoint.hf_model).to(torch.bfloat16)
+        theirs = hf_bf16(torch.tensor([prompt])).logits[0]
+    exact = hf_logits(checkpoint, prompt)
+    our_error = (ours.float() - exact).abs().mean()
+    their_error = (theirs.float() - exact).abs().mean()
+    assert our_error <= 1.25 * their_error + 1e-3, (our_error, their_error)
+
+
+def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
+    model = load(checkpoint)
+    assert not can_compile(model)
+    assert native_executor(model) is None
+    assert model.executor_name == "eager"
+
+
+def test_the_llama_family_refuses_the_variants_switches(tiny_config: ModelConfig) -> None:
+    from metrale_model_arch.families import LlamaForCausalLM
+
+    for change in (
+        {"norm_layout": NormLayout.SANDWICH},
+        {"nope_layers": (1,)},
+        {"attn_logit_softcapping": 50.0},
+        {"embedding_multiplier": 2.0},
+    ):
+        with pytest.raises(ValueError, match="the llama family does not support"):
+            LlamaForCausalLM(attrs.evolve(tiny_config, **change))
+
+
+def test_longrope_is_refused_past_the_original_context(tmp_path: Path) -> None:
+    config_class, model_class, kwargs = CASES["phi3-longrope-partial-rotary"]
+    hf_config = getattr(transformers, config_class)(**SMALL, **kwargs)
+    getattr(transformers, model_class)(hf_config).save_pretrained(tmp_path)
+    config = model_config_from_hf_file(tmp_path)
+    with pytest.raises(ValueError, match=r"--max-seq-len 64 or less \(max_seq_len 256 asked\)"):
+        DenseVariantForCausalLM(config)
+    assert DenseVariantForCausalLM(config, max_seq_len=64).max_seq_len == 64

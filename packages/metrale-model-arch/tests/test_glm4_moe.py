@@ -1,0 +1,368 @@
+"""Parity of ``glm4_moe`` (GLM-4.5 / 4.6) with transformers on tiny random checkpoints (every
+parameter and the routing correction bias randomized, float32), and its MTP layers loaded."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
+from metrale_model_arch.build import CheckpointError
+from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
+from metrale_model_arch.families.compiled_steps import can_compile
+from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, Glm4MoeMtpLayer
+from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
+from metrale_model_arch.families.native_steps import native_executor
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.memory.weights import MTP, weight_bytes, weight_owner
+from metrale_model_arch.registry import family_for
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB_SIZE = 256
+BLOCK_SIZE = 4
+NUM_GREEDY_TOKENS = 32
+PROMPT_LENS = (1, 7, 13, 26)
+SMALL = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "moe_intermediate_size": 24,
+    "max_position_embeddings": 256,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+CASES: dict[str, dict[str, Any]] = {
+    # Grouped top-k (4 groups, 2 kept), two shared experts, scaled and renormalized weights,
+    # q/k norms, q/k/v biases, half the head rotated; one MTP layer with copies of the
+    # embedding and head (skipped).
+    "grouped-qk-norm-bias": {
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 3,
+        "n_group": 4,
+        "topk_group": 2,
+        "n_shared_experts": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "use_qk_norm": True,
+        "attention_bias": True,
+        "partial_rotary_factor": 0.5,
+        "num_nextn_predict_layers": 1,
+    },
+    # Every layer sparse, ungrouped, unnormalized, a quarter of the head rotated, tied head,
+    # two MTP layers.
+    "sparse-ungrouped-tied": {
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 0,
+        "n_routed_experts": 6,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.5,
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 500.0,
+        "tie_word_embeddings": True,
+        "num_nextn_predict_layers": 2,
+    },
+}
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    name: str
+    path: Path
+    config: ModelConfig
+    hf_model: Any
+    prompts: dict[int, list[int]]
+    mtp_tensors: dict[str, torch.Tensor]
+
+
+def save_tiny_glm4_moe(path: Path, seed: int = 0, **kwargs: Any) -> Any:
+    """Save a random ``Glm4MoeForCausalLM`` (parameters and correction biases) plus random MTP
+    layers named as GLM-4.5 names them; returns the transformers model."""
+    hf_model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**kwargs)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*hf_model.named_parameters(), *hf_model.named_buffers()]:
+            if "rotary_emb" in name:
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            tensor.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+    hf_model.save_pretrained(path, safe_serialization=True)
+    add_mtp_layers(path, hf_model.config, generator)
+    return hf_model
+
+
+def add_mtp_layers(path: Path, hf_config: Any, generator: torch.Generator) -> None:
+    """Append ``num_nextn_predict_layers`` random MTP layers to ``model.safetensors``: the last
+    layer's tensors renumbered (a sparse block), ``enorm``, ``hnorm``, ``eh_proj``,
+    ``shared_head.norm``; the first also with copies of the embedding and the head."""
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    num_layers, hidden = hf_config.num_hidden_layers, hf_config.hidden_size
+    last = f"model.layers.{num_layers - 1}."
+    for k in range(hf_config.num_nextn_predict_layers):
+        prefix = f"model.layers.{num_layers + k}."
+        shapes = {
+            prefix + name[len(last) :]: tensor.shape
+            for name, tensor in tensors.items()
+            if name.startswith(last)
+        }
+        for name in ("enorm", "hnorm", "shared_head.norm"):
+            shapes[f"{prefix}{name}.weight"] = torch.Size([hidden])
+        shapes[f"{prefix}eh_proj.weight"] = torch.Size([hidden, 2 * hidden])
+        for name, shape in shapes.items():
+            noise = torch.randn(shape, generator=generator)
+            tensors[name] = 1.0 + 0.2 * noise if "norm" in name else 0.2 * noise
+        if k == 0:
+            embedding = tensors["model.embed_tokens.weight"]
+            tensors[f"{prefix}embed_tokens.weight"] = embedding.clone()
+            tensors[f"{prefix}shared_head.head.weight"] = embedding.clone()
+    save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Checkpoint:
+    path = tmp_path_factory.mktemp(request.param)
+    hf_model = save_tiny_glm4_moe(path, **SMALL, **CASES[request.param])
+    generator = torch.Generator().manual_seed(1)
+    prompts = {
+        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
+        for seq_id, length in enumerate(PROMPT_LENS)
+    }
+    num_layers = hf_model.config.num_hidden_layers
+    saved = load_file(path / "model.safetensors")
+    mtp_tensors = {
+        name: tensor
+        for name, tensor in saved.items()
+        if name.startswith("model.layers.") and int(name.split(".")[2]) >= num_layers
+    }
+    return Checkpoint(
+        name=request.param,
+        path=path,
+        config=model_config_from_hf_file(path),
+        hf_model=hf_model,
+        prompts=prompts,
+        mtp_tensors=mtp_tensors,
+    )
+
+
+def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> Glm4MoeForCausalLM:
+    options = LoadOptions(dtype=dtype, device="cpu")
+    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
+    assert isinstance(model, Glm4MoeForCausalLM)
+    return model
+
+
+def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
+
+
+def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+    config, kwargs = checkpoint.config, CASES[checkpoint.name]
+    assert family_for(config) is Glm4MoeForCausalLM
+    assert config.moe is not None
+    assert config.mtp is not None
+    first_dense = kwargs["first_k_dense_replace"]
+    num_layers = kwargs["num_hidden_layers"]
+    assert config.moe.mlp_layer_types == tuple(
+        "sparse" if i >= first_dense else "dense" for i in range(num_layers)
+    )
+    assert config.mtp.num_layers == kwargs["num_nextn_predict_layers"]
+    assert config.mtp.mlp_layer_types == ("sparse",) * config.mtp.num_layers
+    assert config.partial_rotary_factor == kwargs["partial_rotary_factor"]
+    assert config.moe.n_group == kwargs.get("n_group", 1)
+    assert config.moe.topk_group == kwargs.get("topk_group", 1)
+    assert config.moe.routed_scaling_factor == kwargs["routed_scaling_factor"]
+    assert config.moe.norm_topk_prob == kwargs["norm_topk_prob"]
+    assert config.moe.num_shared_experts == kwargs["n_shared_experts"]
+    assert config.qk_norm == kwargs.get("use_qk_norm", False)
+    assert config.qkv_bias == kwargs.get("attention_bias", False)
+    assert not config.o_proj_bias
+    assert config.tie_word_embeddings == kwargs.get("tie_word_embeddings", False)
+
+
+def test_parameter_counts_equal_transformers_plus_the_mtp_layers(checkpoint: Checkpoint) -> None:
+    counts = glm4_moe_param_counts(checkpoint.config)
+    hf_params = sum(p.numel() for p in checkpoint.hf_model.parameters())
+    hf_buffers = sum(b.numel() for n, b in checkpoint.hf_model.named_buffers() if "rotary" not in n)
+    ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
+    assert ours + counts.layers_fp32 == hf_params + hf_buffers
+    copies = ("embed_tokens.weight", "shared_head.head.weight")
+    mtp_numel = sum(t.numel() for n, t in checkpoint.mtp_tensors.items() if not n.endswith(copies))
+    assert counts.mtp + counts.mtp_fp32 == mtp_numel
+    model = load(checkpoint)
+    assert sum(p.numel() for p in model.parameters()) == ours + counts.layers_fp32 + mtp_numel
+    mtp_bytes = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if weight_owner(n) == MTP
+    )
+    assert weight_bytes(checkpoint.config, 4).by_owner()[MTP] == mtp_bytes
+    bf16 = weight_bytes(checkpoint.config, 2)
+    assert bf16.mtp == 2 * counts.mtp + 4 * counts.mtp_fp32
+
+
+def test_mtp_layers_are_loaded_and_owned(
+    checkpoint: Checkpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="metrale.load"):
+        model = load(checkpoint, torch.bfloat16)
+    assert "kept for MTP speculation (issue 34) and unused until then" in caplog.text
+    config = checkpoint.config
+    assert config.mtp is not None
+    assert len(model.model.mtp_layers) == config.mtp.num_layers
+    for k, layer in enumerate(model.model.mtp_layers):
+        assert isinstance(layer, Glm4MoeMtpLayer)
+        assert isinstance(layer.mlp, GlmMoeBlock)
+        prefix = f"model.layers.{config.num_hidden_layers + k}."
+        saved = checkpoint.mtp_tensors
+        torch.testing.assert_close(
+            layer.eh_proj.weight, saved[prefix + "eh_proj.weight"].bfloat16(), atol=0, rtol=0
+        )
+        torch.testing.assert_close(
+            layer.shared_head.norm.weight,
+            saved[prefix + "shared_head.norm.weight"].bfloat16(),
+            atol=0,
+            rtol=0,
+        )
+        down_3 = saved[prefix + "mlp.experts.3.down_proj.weight"].bfloat16()
+        torch.testing.assert_close(layer.mlp.experts.down_proj[3], down_3, atol=0, rtol=0)
+        # The router and its correction bias stay float32, exactly as saved.
+        assert layer.mlp.gate.weight.dtype == torch.float32
+        assert torch.equal(layer.mlp.gate.weight, saved[prefix + "mlp.gate.weight"])
+        bias = saved[prefix + "mlp.gate.e_score_correction_bias"]
+        assert torch.equal(layer.mlp.gate.e_score_correction_bias, bias)
+    names = [n for n, _ in model.named_parameters() if n.startswith("model.mtp_layers.")]
+    assert names
+    assert all(weight_owner(n) == MTP for n in names)
+
+
+def test_a_checkpoint_without_its_declared_mtp_layer_is_refused(tmp_path: Path) -> None:
+    kwargs = {**SMALL, **CASES["grouped-qk-norm-bias"]}
+    transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**kwargs)).save_pretrained(tmp_path)
+    config = model_config_from_hf_file(tmp_path)
+    with pytest.raises(CheckpointError, match="num_nextn_predict_layers"):
+        load_safetensors_model(tmp_path, config, LoadOptions(device="cpu"))
+
+
+def test_num_nextn_predict_layers_0_serves_without_the_mtp_layers(checkpoint: Checkpoint) -> None:
+    config = attrs.evolve(checkpoint.config, mtp=None)
+    model = load_safetensors_model(checkpoint.path, config, LoadOptions(device="cpu"))
+    assert isinstance(model, Glm4MoeForCausalLM)
+    assert len(model.model.mtp_layers) == 0
+    assert MTP not in weight_bytes(config, 4).by_owner()
+
+
+def test_scaled_rope_is_refused(checkpoint: Checkpoint) -> None:
+    scaling = RopeScaling(rope_type="linear", factor=2.0)
+    with pytest.raises(ValueError, match="plain RoPE only"):
+        Glm4MoeForCausalLM(attrs.evolve(checkpoint.config, rope_scaling=scaling))
+
+
+def test_ragged_prefill_matches_transformers(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
+    logits = runner.step(checkpoint.prompts)
+    for seq_id, prompt in checkpoint.prompts.items():
+        expected = hf_logits(checkpoint, prompt)
+        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
+        torch.testing.assert_close(logits[seq_id], expected, atol=1e-4, rtol=0)
+
+
+def greedy(
+    model: Glm4MoeForCausalLM,
+    prompts: dict[int, list[int]],
+    paged_runner: Callable[..., Any],
+    seed: int,
+) -> dict[int, list[int]]:
+    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
+    generated: dict[int, list[int]] = {seq_id: [] for seq_id in prompts}
+    new_tokens = prompts
+    for _ in range(NUM_GREEDY_TOKENS):
+        logits = runner.step(new_tokens)
+        new_tokens = {s: [int(out[-1].argmax())] for s, out in logits.items()}
+        for seq_id, (token,) in new_tokens.items():
+            generated[seq_id].append(token)
+    return generated
+
+
+def test_batched_greedy_decode_matches_transformers_generate_and_alone(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    expected: dict[int, list[int]] = {}
+    for seq_id, prompt in checkpoint.prompts.items():
+        with torch.inference_mode():
+            out = checkpoint.hf_model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+                max_new_tokens=NUM_GREEDY_TOKENS,
+                do_sample=False,
+            )
+        expected[seq_id] = out[0, len(prompt) :].tolist()
+        assert len(expected[seq_id]) == NUM_GREEDY_TOKENS
+        assert len(set(expected[seq_id])) >= 8, "a degenerate model proves little"
+    model = load(checkpoint)
+    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
+    alone = greedy(model, {3: checkpoint.prompts[3]}, paged_runner, seed=7)
+    assert alone[3] == expected[3]
+
+
+def test_chunked_prefill_matches_one_shot(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    model = load(checkpoint)
+    prompt, other = checkpoint.prompts[3], checkpoint.prompts[2]
+    first_cut, second_cut = 9, 19
+    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
+    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
+    first = chunked.step({0: prompt[:first_cut]})[0]
+    # The second chunk shares its step with another sequence's whole prefill.
+    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
+    third = chunked.step({0: prompt[second_cut:]})[0]
+    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
+    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
+
+
+def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
+    model = load(checkpoint)
+    assert not can_compile(model)
+    assert native_executor(model) is None
+    assert model.executor_name == "eager"
+
+
+GLM_4_5_DIR = Path(__file__).parent / "data" / "glm-4.5"
+# GLM-4.5's model card: 355B total parameters; its bfloat16 checkpoint holds ~716 GB (the
+# stack, the MTP layer and, inside it, copies of the embedding and head, which MTP here shares).
+GLM_4_5_PARAMS = 355e9
+GLM_4_5_CHECKPOINT_BYTES = 716e9
+
+
+def test_the_published_glm_4_5_plan_is_within_one_percent_of_its_size() -> None:
+    config = model_config_from_hf_file(GLM_4_5_DIR)
+    counts = glm4_moe_param_counts(config)
+    stack = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
+    # transformers' Glm4MoeForCausalLM on this config (meta device): 352,797,814,784
+    # parameters and 14,240 correction-bias entries.
+    assert stack + counts.layers_fp32 == 352_797_829_024
+    total = stack + counts.layers_fp32 + counts.mtp + counts.mtp_fp32
+    assert abs(total / GLM_4_5_PARAMS - 1) < 0.01
+    weights = weight_bytes(config, 2)
+    assert abs(weights.total() / GLM_4_5_CHECKPOINT_BYTES - 1) < 0.01
+    assert weights.by_owner()[MTP] == 2 * counts.mtp + 4 * counts.mtp_fp32

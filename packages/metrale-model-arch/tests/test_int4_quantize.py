@@ -1,0 +1,109 @@
+"""Our own AWQ/GPTQ int4 writer (:mod:`metrale_model_arch.int4_quantize`): what it writes loads
+back as the independent test quantizer's round-to-nearest levels, exactly, and serves as q4."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from metrale_testing.int4_checkpoints import round_to_nearest
+
+from metrale_config import Int4Method, ModelConfig, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
+from metrale_model_arch.families.llama import LlamaForCausalLM
+from metrale_model_arch.families.q4_layers import Q4Linear
+from metrale_model_arch.int4_quantize import PROJECTION, write_int4_checkpoint
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.weight_format import Quantization
+
+# Where each part's rows start in its fused projection.
+FUSED_ROWS = {"q": ("qkv", 0), "k": ("qkv", 64), "v": ("qkv", 96), "gate": ("gate_up", 0)}
+FUSED_ROWS["up"] = ("gate_up", 128)
+CONFIG = ModelConfig(
+    source="test",
+    model_type="llama",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
+
+
+def checkpoint_weights() -> dict[str, torch.Tensor]:
+    """Random float16-valued weights under the checkpoint's (unfused) names."""
+    generator = torch.Generator().manual_seed(0)
+    q_size, kv_size = 64, 32
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in LlamaForCausalLM(CONFIG).state_dict().items():
+        if name.endswith("cos_sin_cache"):
+            continue
+        value = (torch.randn(tensor.shape, generator=generator) * 0.3).half().float()
+        if ".qkv_proj." in name:
+            for part, rows in zip("qkv", value.split([q_size, kv_size, kv_size]), strict=True):
+                weights[name.replace(".qkv_proj.", f".{part}_proj.")] = rows.clone()
+        elif ".gate_up_proj." in name:
+            for part, rows in zip(("gate", "up"), value.chunk(2), strict=True):
+                weights[name.replace(".gate_up_proj.", f".{part}_proj.")] = rows.clone()
+        else:
+            weights[name] = value
+    return weights
+
+
+@pytest.mark.parametrize(
+    ("method", "group_size", "is_symmetric"),
+    [(Int4Method.AWQ, 32, False), (Int4Method.GPTQ, 64, False), (Int4Method.GPTQ, 32, True)],
+)
+def test_written_checkpoints_load_as_round_to_nearest_levels(
+    tmp_path: Path, method: Int4Method, group_size: int, is_symmetric: bool
+) -> None:
+    weights = checkpoint_weights()
+    write_int4_checkpoint(
+        tmp_path,
+        CONFIG,
+        weights.items(),
+        method=method,
+        group_size=group_size,
+        is_symmetric=is_symmetric,
+    )
+    config = model_config_from_hf_file(tmp_path)
+    assert config.int4_quantization is not None
+    assert config.int4_quantization.group_size == group_size
+    options = LoadOptions(quantization=Quantization.NONE)
+    state = load_safetensors_model(tmp_path, config, options).state_dict()
+    for name, weight in weights.items():
+        if not PROJECTION.fullmatch(name):
+            assert torch.equal(state[name], weight), name
+            continue
+        cols = weight.shape[1]
+        q, z, s = round_to_nearest(
+            weight,
+            torch.arange(cols) // group_size,
+            cols // group_size,
+            sym=is_symmetric,
+            min_zero=0 if method == Int4Method.AWQ else 1,
+        )
+        group_of = torch.arange(cols) // group_size
+        levels = (q.float() - z[:, group_of].float()) * s[:, group_of].float()
+        part = re.search(r"\.(\w+)_proj\.", name)
+        assert part is not None
+        fused, start = FUSED_ROWS.get(part[1], (part[1], 0))
+        held = state[name.replace(f".{part[1]}_proj.", f".{fused}_proj.")]
+        assert torch.equal(held[start : start + weight.shape[0]], levels), name
+    model = load_safetensors_model(tmp_path, config, LoadOptions(quantization=Quantization.Q4))
+    assert isinstance(model.model.layers[0].mlp.down_proj, Q4Linear)
+
+
+def test_awq_is_never_symmetric(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="AWQ has zero points"):
+        write_int4_checkpoint(
+            tmp_path, CONFIG, [], method=Int4Method.AWQ, group_size=32, is_symmetric=True
+        )
