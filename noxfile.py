@@ -25,7 +25,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 # kernels before the tests: it builds the native CPU ops once, and the tests load that build
 # instead of racing each other to compile it.
-nox.options.sessions = ["lint", "kernels", "tests", "cross", "types"]
+nox.options.sessions = ["lint", "kernels", "tests", "types"]
 
 ROOT = Path(__file__).resolve().parent
 SHARED_ENV = ROOT / ".nox" / "shared"
@@ -156,30 +156,43 @@ def _files_marked_serial(tests: Path) -> list[str]:
     )
 
 
-def _pytest(session: nox.Session, tests: Path) -> None:
-    """The tests under ``tests`` on every core, then those marked serial alone."""
-    where = str(tests.relative_to(ROOT))
+def _pytest(session: nox.Session, *trees: Path) -> None:
+    """The tests under ``trees`` in one pytest run on every core, then those marked serial,
+    alone."""
+    where = [str(tree.relative_to(ROOT)) for tree in trees]
     # One worker a core, one torch thread a worker: torch's default (a thread a core in every
     # worker) puts twice the threads on the cores, and each op's spinning barrier then waits
     # for a thread the kernel has parked (the cross tests ran 4x slower so).
-    parallel = (where, "-m", "not serial", *PARALLEL, *session.posargs)
+    parallel = (*where, "-m", "not serial", *PARALLEL, *session.posargs)
     _run(session, "python", "-m", "pytest", *parallel, threads=1)
-    serial = _files_marked_serial(tests)
+    serial = [path for tree in trees for path in _files_marked_serial(tree)]
     if serial:
         _run(session, "python", "-m", "pytest", *serial, "-m", "serial", *session.posargs)
 
 
+TEST_TREES = {name: ROOT / "packages" / name / "tests" for name in PACKAGES}
+CROSS_TESTS = ROOT / "tests"
+
+
 @nox.session(venv_backend="none", requires=["env"])
-@nox.parametrize("package", list(PACKAGES))
-def tests(session: nox.Session, package: str) -> None:
-    """Run one package's tests (its own pytest run: its conftests and fixtures)."""
-    _pytest(session, ROOT / "packages" / package / "tests")
+def tests(session: nox.Session) -> None:
+    """Every package's tests and the cross-package tests, in one pytest run (each tree keeps its
+    conftest and fixtures): one run balances the long tests over the cores and starts its
+    workers once."""
+    _pytest(session, *TEST_TREES.values(), CROSS_TESTS)
+
+
+@nox.session(venv_backend="none", requires=["env"])
+@nox.parametrize("name", list(PACKAGES))
+def package(session: nox.Session, name: str) -> None:
+    """One package's tests (``-s "package(name='metrale-server')"``)."""
+    _pytest(session, TEST_TREES[name])
 
 
 @nox.session(venv_backend="none", requires=["env"])
 def cross(session: nox.Session) -> None:
-    """Run the cross-package and end-to-end tests in tests/."""
-    _pytest(session, ROOT / "tests")
+    """The cross-package and end-to-end tests in tests/ only."""
+    _pytest(session, CROSS_TESTS)
 
 
 @nox.session(venv_backend="none", requires=["env"])

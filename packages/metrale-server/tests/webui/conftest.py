@@ -63,7 +63,9 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: while Playwright's sync API is open its event loop runs on this
+# thread, so a later test of the same worker that calls asyncio.run would fail.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="the playwright package is not installed"
