@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from metrale_testing import paged_greedy, transformers_greedy
 from safetensors.torch import load_file, save_file
 
 from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
@@ -293,31 +294,16 @@ def greedy(
     seed: int,
 ) -> dict[int, list[int]]:
     runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
-    generated: dict[int, list[int]] = {seq_id: [] for seq_id in prompts}
-    new_tokens = prompts
-    for _ in range(NUM_GREEDY_TOKENS):
-        logits = runner.step(new_tokens)
-        new_tokens = {s: [int(out[-1].argmax())] for s, out in logits.items()}
-        for seq_id, (token,) in new_tokens.items():
-            generated[seq_id].append(token)
-    return generated
+    return paged_greedy(runner, prompts, NUM_GREEDY_TOKENS)
 
 
 def test_batched_greedy_decode_matches_transformers_generate_and_alone(
     checkpoint: Checkpoint, paged_runner: Callable[..., Any]
 ) -> None:
-    expected: dict[int, list[int]] = {}
-    for seq_id, prompt in checkpoint.prompts.items():
-        with torch.inference_mode():
-            out = checkpoint.hf_model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
-                max_new_tokens=NUM_GREEDY_TOKENS,
-                do_sample=False,
-            )
-        expected[seq_id] = out[0, len(prompt) :].tolist()
-        assert len(expected[seq_id]) == NUM_GREEDY_TOKENS
-        assert len(set(expected[seq_id])) >= 8, "a degenerate model proves little"
+    expected = {
+        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
+        for seq_id, prompt in checkpoint.prompts.items()
+    }
     model = load(checkpoint)
     assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
     alone = greedy(model, {3: checkpoint.prompts[3]}, paged_runner, seed=7)

@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from metrale_testing import paged_greedy, transformers_greedy
 from safetensors import safe_open
 
 from metrale_config import (
@@ -218,28 +219,13 @@ def test_ragged_prefill_matches_transformers(
 def test_batched_greedy_decode_matches_transformers_generate(
     checkpoint: Checkpoint, paged_runner: Callable[..., Any]
 ) -> None:
-    expected: dict[int, list[int]] = {}
-    for seq_id, prompt in checkpoint.prompts.items():
-        with torch.inference_mode():
-            out = checkpoint.hf_model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
-                max_new_tokens=NUM_GREEDY_TOKENS,
-                do_sample=False,
-            )
-        expected[seq_id] = out[0, len(prompt) :].tolist()
-        assert len(expected[seq_id]) == NUM_GREEDY_TOKENS
-        assert len(set(expected[seq_id])) >= 8, "a degenerate model proves little"
+    expected = {
+        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
+        for seq_id, prompt in checkpoint.prompts.items()
+    }
 
     runner = paged_runner(load(checkpoint), num_blocks=128, block_size=BLOCK_SIZE, seed=3)
-    generated: dict[int, list[int]] = {seq_id: [] for seq_id in checkpoint.prompts}
-    new_tokens = checkpoint.prompts
-    for _ in range(NUM_GREEDY_TOKENS):
-        logits = runner.step(new_tokens)
-        new_tokens = {s: [int(out[-1].argmax())] for s, out in logits.items()}
-        for seq_id, (token,) in new_tokens.items():
-            generated[seq_id].append(token)
-    assert generated == expected
+    assert paged_greedy(runner, checkpoint.prompts, NUM_GREEDY_TOKENS) == expected
 
 
 def test_chunked_prefill_matches_one_shot(
