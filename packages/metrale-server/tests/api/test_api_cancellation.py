@@ -24,6 +24,7 @@ def long_request(index: int) -> tuple[str, dict[str, Any]]:
 def test_dropped_streams_free_their_kv_blocks(server: Any) -> None:
     server.wait_idle()
     generated_before = server.metric("metrale_generation_tokens_total")
+    aborted_before = server.metric("metrale_request_success_total", 'finished_reason="abort"')
     with ExitStack() as stack:
         responses = []
         for index in range(NUM_STREAMS):
@@ -52,6 +53,14 @@ def test_dropped_streams_free_their_kv_blocks(server: Any) -> None:
     assert server.engine.block_manager.num_free_blocks == server.engine.num_kv_blocks
     generated = server.metric("metrale_generation_tokens_total") - generated_before
     assert generated < NUM_STREAMS * MAX_TOKENS / 2
+    # Each left request is counted and listed (ids and counts) as aborted, with the tokens it
+    # made before its client left.
+    aborted = server.metric("metrale_request_success_total", 'finished_reason="abort"')
+    assert aborted - aborted_before == NUM_STREAMS
+    recent = server.client.get("/v1/requests/recent").json()["data"][:NUM_STREAMS]
+    assert [entry["finish_reason"] for entry in recent] == ["abort"] * NUM_STREAMS
+    assert all(0 < entry["num_completion_tokens"] < MAX_TOKENS for entry in recent)
+    assert all(entry["num_prompt_tokens"] > 0 for entry in recent)
     ok = server.client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
     assert ok.status_code == 200
 

@@ -88,6 +88,8 @@ class Generation:
         if self._timer is not None:
             self._timer.cancel()
         self._state.num_active_requests -= 1
+        if not self._is_finished:
+            self._tracker.abandoned(self.request_id, len(self.prompt.token_ids))
         self.abort()
 
     def _expire(self) -> None:

@@ -17,7 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from metrale_server.api.recent_requests import FinishedRequest, RecentRequests
+from metrale_server.api.recent_requests import (
+    ABORT_FINISH_REASON,
+    FinishedRequest,
+    RecentRequests,
+)
 from metrale_server.engine.client import EngineClient
 from metrale_server.output.outputs import RequestOutput
 
@@ -188,16 +192,37 @@ class ServerMetrics:
 
 
 class RequestTracker:
-    """Feeds one request's outputs to the histograms; records once, when it finishes."""
+    """Feeds one request's outputs to the histograms; records once, when it finishes or is
+    abandoned before its last output."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
         self._arrival = time.monotonic()
         self._first_token_at: float | None = None
+        self._num_completion_tokens = 0
         self._is_recorded = False
+
+    def abandoned(self, request_id: str, num_prompt_tokens: int) -> None:
+        """The request ends without its last output (its client left, or it was aborted): it
+        is recorded once, finish reason ``abort``, with the tokens made until then."""
+        if self._is_recorded:
+            return
+        self._is_recorded = True
+        self._metrics.recent_requests.add(
+            FinishedRequest(
+                request_id=request_id,
+                num_prompt_tokens=num_prompt_tokens,
+                num_completion_tokens=self._num_completion_tokens,
+                latency_s=time.monotonic() - self._arrival,
+                finish_reason=ABORT_FINISH_REASON,
+                finished_at=time.time(),
+            )
+        )
+        self._metrics.count_finished(ABORT_FINISH_REASON)
 
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
+        self._num_completion_tokens = sum(o.num_tokens for o in output.outputs)
         if self._first_token_at is None and any(o.delta_token_ids for o in output.outputs):
             self._first_token_at = now
             self._metrics.time_to_first_token.observe(now - self._arrival)

@@ -18,6 +18,8 @@ from metrale_server.output.outputs import RequestOutput
 
 DEFAULT_NUM_KEPT = 64
 ERROR_FINISH_REASON = "error"
+# A request whose client left, or that was aborted, before its last output (vLLM's word).
+ABORT_FINISH_REASON = "abort"
 
 
 @attrs.frozen(kw_only=True)

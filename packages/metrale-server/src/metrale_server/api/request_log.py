@@ -15,8 +15,8 @@ class LoggingServerMetrics(ServerMetrics):
     """``ServerMetrics`` whose trackers also log each request when its last output arrives.
 
     The tracker sees outputs as the API reports them (a request cut by the timeout already
-    says ``length``). A client that leaves early ends its request without a last output, so
-    that request has no line.
+    says ``length``). A request whose client leaves early ends without a last output: its line
+    says it was aborted, with the tokens made until then.
     """
 
     def track(self) -> RequestTracker:
@@ -34,6 +34,19 @@ class _LoggingTracker(RequestTracker):
         if output.finished and not self._is_logged:
             self._is_logged = True
             logger.info(format_finished(output, time.monotonic() - self._started_at))
+
+    def abandoned(self, request_id: str, num_prompt_tokens: int) -> None:
+        super().abandoned(request_id, num_prompt_tokens)
+        if not self._is_logged:
+            self._is_logged = True
+            logger.info(
+                "%s aborted before its last output: prompt_tokens=%d completion_tokens=%d "
+                "latency=%.3fs finish_reason=abort",
+                request_id,
+                num_prompt_tokens,
+                self._num_completion_tokens,
+                time.monotonic() - self._started_at,
+            )
 
 
 def format_finished(output: RequestOutput, latency_s: float) -> str:
