@@ -93,8 +93,13 @@ def row_invariant_attention(
     sliding_window: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """``q (tokens, heads, dim)`` over the paged caches; ``out`` (or a new tensor) returned."""
+    """``q (tokens, heads, dim)`` over the paged caches; ``out`` (or a new tensor) returned.
+
+    ``softcap`` (gemma2, which no kernel backend computes): scores become
+    ``softcap * tanh(scores / softcap)`` before the mask, and the softmax runs in float32, as
+    transformers' eager attention does."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = group_size(num_heads, num_kv_heads)
@@ -117,9 +122,14 @@ def row_invariant_attention(
                 (query, query.new_zeros((num_kv_heads, padded - query.shape[1], head_dim))), 1
             )
         scores = torch.bmm(query, keys.transpose(1, 2)).mul_(scale)
+        if softcap is not None:
+            scores = scores.div_(softcap).tanh_().mul_(softcap)
         hidden = ~span.visible.repeat_interleave(group, 0)
         scores[:, : num_rows * group].masked_fill_(hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if softcap is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         attended = torch.bmm(probs, values)[:, : num_rows * group]
         attended = attended.view(num_kv_heads, num_rows, group, head_dim).permute(1, 0, 2, 3)
         out.index_copy_(0, span.rows, attended.reshape(num_rows, num_heads, head_dim))

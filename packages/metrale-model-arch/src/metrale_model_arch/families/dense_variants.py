@@ -29,6 +29,7 @@ from torch.nn import functional
 
 from metrale_config import ModelConfig, NormLayout
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_kernels.reference.row_invariant_attention import row_invariant_attention
 from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
 from metrale_model_arch.families.llama import (
@@ -41,7 +42,6 @@ from metrale_model_arch.families.llama import (
 )
 from metrale_model_arch.families.rotary import longrope_max_positions, rope_cos_sin_table
 from metrale_model_arch.families.row_invariant_layers import head_logits
-from metrale_model_arch.families.softcap_attention import softcapped_paged_attention
 from metrale_model_arch.rope_layout import local_table_index, rotary_dim
 
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
@@ -121,10 +121,11 @@ class VariantAttention(LlamaAttention):
     ) -> torch.Tensor:
         if self.softcap is None:
             return super().attend(q, k, v, kv_cache, metadata)
+        # No kernel backend soft-caps scores (SDPA cannot): the row-invariant torch path does.
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
-        return softcapped_paged_attention(
-            q, k_cache, v_cache, metadata, self.scale, self.softcap, self.sliding_window
+        return row_invariant_attention(
+            q, k_cache, v_cache, metadata, self.scale, self.sliding_window, softcap=self.softcap
         )
 
 
