@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from transformers.models.deepseek_v2 import modeling_deepseek_v2 as deepseek_v2
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek_v3
 from transformers.models.mixtral import modeling_mixtral as mixtral
 from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3_moe
@@ -158,6 +159,53 @@ def test_grouped_sigmoid_topk_matches_deepseek_v3_router(
     torch.testing.assert_close(
         weights.gather(1, order), hf_weights.gather(1, hf_order), rtol=1e-6, atol=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    ("num_experts", "top_k", "num_groups", "topk_groups"),
+    [(16, 4, 4, 2), (16, 1, 4, 1), (32, 6, 8, 3), (8, 2, 1, 1), (12, 3, 3, 3)],
+)
+def test_grouped_softmax_topk_matches_deepseek_v2_router(
+    num_experts: int, top_k: int, num_groups: int, topk_groups: int
+) -> None:
+    generator = torch.Generator().manual_seed(num_experts + top_k)
+    config = transformers.DeepseekV2Config(
+        hidden_size=32,
+        n_routed_experts=num_experts,
+        num_experts_per_tok=top_k,
+        n_group=num_groups,
+        topk_group=topk_groups,
+        topk_method="greedy" if num_groups == 1 else "group_limited_greedy",
+        routed_scaling_factor=1.5,
+    )
+    router = deepseek_v2.DeepseekV2TopkRouter(config)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(num_experts, 32, generator=generator))
+        router_logits, hf_weights, hf_ids = router(torch.randn(41, 32, generator=generator))
+    weights, ids = TorchBackend().grouped_softmax_topk_routing(
+        router_logits,
+        top_k,
+        num_groups=num_groups,
+        topk_groups=topk_groups,
+        routed_scaling_factor=1.5,
+    )
+    assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
+    ids_sorted, order = ids.sort(dim=-1)
+    hf_ids_sorted, hf_order = hf_ids.sort(dim=-1)
+    assert torch.equal(ids_sorted, hf_ids_sorted)
+    torch.testing.assert_close(
+        weights.gather(1, order), hf_weights.gather(1, hf_order), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_grouped_softmax_routing_never_leaves_the_chosen_groups() -> None:
+    # Group 1 (experts 4-7) holds the best expert; group 0 the second and third best.
+    router_logits = torch.tensor([[3.0, 2.9, -9.0, -9.0, 9.0, -9.0, -9.0, -9.0]])
+    weights, ids = TorchBackend().grouped_softmax_topk_routing(
+        router_logits, 2, num_groups=2, topk_groups=1
+    )
+    assert ids.tolist() == [[4, 5]]
+    torch.testing.assert_close(weights, router_logits.softmax(dim=-1)[:, [4, 5]])
 
 
 def test_grouped_routing_never_leaves_the_chosen_groups() -> None:

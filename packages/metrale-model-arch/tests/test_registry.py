@@ -41,8 +41,8 @@ def test_parsed_but_unrunnable_model_type_lists_the_supported_ones(
     assert "'planned_only'" in message
     assert "tiny test config" in message
     assert (
-        "gemma2, gemma3_text, glm4_moe, glm5_next, glm5_next_text, granite, llama, mistral, "
-        "mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe, smollm3" in message
+        "deepseek_v2, deepseek_v3, gemma2, gemma3_text, glm4_moe, glm5_next, glm5_next_text, "
+        "granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe, smollm3" in message
     )
 
 
@@ -82,7 +82,9 @@ def test_unknown_type_is_refused_for_planning_too(tiny_config: ModelConfig) -> N
     config = attrs.evolve(tiny_config, model_type="gpt2")
     with pytest.raises(UnsupportedModelError, match=r"no weight plan for model_type 'gpt2'"):
         planned_architecture(config)
-    with pytest.raises(UnsupportedModelError, match="supported model types: gemma2, gemma3_text, "):
+    with pytest.raises(
+        UnsupportedModelError, match="supported model types: deepseek_v2, deepseek_v3, "
+    ):
         architecture_for(config)
 
 

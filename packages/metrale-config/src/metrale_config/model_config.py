@@ -36,7 +36,7 @@ class NormLayout(enum.StrEnum):
 
 @attrs.frozen(kw_only=True)
 class MoeConfig:
-    """Mixture-of-experts fields (qwen3_moe, mixtral, glm4_moe, glm5_next)."""
+    """Mixture-of-experts fields (qwen3_moe, mixtral, glm4_moe, glm5_next, deepseek_v2/v3)."""
 
     num_experts: int
     num_experts_per_tok: int
@@ -53,13 +53,18 @@ class MoeConfig:
 
 @attrs.frozen(kw_only=True)
 class MlaConfig:
-    """Multi-head latent attention: the cache holds ``kv_lora_rank + qk_rope_head_dim`` a token."""
+    """Multi-head latent attention: the cache holds ``kv_lora_rank + qk_rope_head_dim`` a token.
+
+    ``rope_interleave``: the RoPE dims rotate in adjacent pairs ``(x0, x1), (x2, x3)...``
+    (DeepSeek's layout), not as two halves.
+    """
 
     q_lora_rank: int | None
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    rope_interleave: bool = True
 
 
 @attrs.frozen(kw_only=True)

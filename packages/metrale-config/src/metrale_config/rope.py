@@ -13,9 +13,11 @@ class RopeScaling:
     ``original_max_position_embeddings`` to ``llama3`` (and ``dynamic``, which also reads the
     model's ``max_position_embeddings``). ``longrope`` (Phi-3) reads ``short_factor`` and
     ``long_factor`` (one per rotary frequency), ``original_max_position_embeddings`` and
-    ``attention_factor`` (``None``: derived from ``factor`` as transformers does). Parsers keep
-    any other ``rope_type`` (``yarn``, GGUF's ``gguf_rope_freqs``) with its ``factor``, for the
-    family to refuse.
+    ``attention_factor`` (``None``: derived from ``factor`` as transformers does). ``yarn`` reads
+    ``factor``, ``original_max_position_embeddings``, ``attention_factor``, the ramp's
+    ``beta_fast`` / ``beta_slow`` (``None``: 32 and 1), ``truncate`` and DeepSeek's ``mscale`` /
+    ``mscale_all_dim``. Parsers keep any other ``rope_type`` (GGUF's ``gguf_rope_freqs``) with its
+    ``factor``, for the family to refuse.
     """
 
     rope_type: str = "default"
@@ -26,3 +28,8 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool = True
+    mscale: float | None = None
+    mscale_all_dim: float | None = None

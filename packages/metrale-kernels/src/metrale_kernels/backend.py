@@ -51,6 +51,7 @@ class KernelBackend:
     paged_attention = Op(attention.paged_attention)
     softmax_topk_routing = Op(moe_routing.softmax_topk_routing)
     grouped_sigmoid_topk_routing = Op(moe_routing.grouped_sigmoid_topk_routing)
+    grouped_softmax_topk_routing = Op(moe_routing.grouped_softmax_topk_routing)
     fused_moe = Op(moe_experts.fused_moe)
     short_conv = Op(kda.short_conv)
     kda_recurrent = Op(kda.kda_recurrent)

@@ -8,12 +8,14 @@ from metrale_config import ModelConfig
 from metrale_model_arch.architecture import Architecture, Trait
 from metrale_model_arch.cache_spec import LayerCacheSpec, attention_cache_specs
 from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.deepseek import deepseek_param_counts
 from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.deepseek import DeepseekForCausalLM, deepseek_checkpoint_mapping
 from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
 from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
@@ -73,6 +75,16 @@ GLM4_MOE = Architecture(
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE}),
 )
+# Eager only (MLA over a paged latent, DeepSeek's MoE); V3's MTP layers skipped at load.
+DEEPSEEK_V2 = Architecture(
+    model_type="deepseek_v2",
+    module=DeepseekForCausalLM,
+    checkpoint_mapping=deepseek_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=deepseek_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.MLA}),
+)
 SLIDING = frozenset({Trait.SLIDING_WINDOW})
 # Eager only, no GGUF, no int8 path (see ``families.dense_variants``).
 DENSE_VARIANT = Architecture(
@@ -103,6 +115,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         QWEN3_MOE,
         MIXTRAL,
         GLM4_MOE,
+        DEEPSEEK_V2,
+        attrs.evolve(DEEPSEEK_V2, model_type="deepseek_v3"),
         GLM5_NEXT,
         attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
         *(

@@ -11,6 +11,7 @@ import attrs
 
 from metrale_config.errors import ConfigError
 from metrale_config.fields import FieldReader
+from metrale_config.hf.deepseek import parse_deepseek
 from metrale_config.hf.dense_families import (
     parse_gemma2,
     parse_gemma3_text,
@@ -36,6 +37,8 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "qwen3_moe": parse_qwen3_moe,
     "mixtral": parse_mixtral,
     "glm4_moe": parse_glm4_moe,
+    "deepseek_v2": parse_deepseek,
+    "deepseek_v3": parse_deepseek,
     "glm5_next": parse_glm5_next,
     "glm5_next_text": parse_glm5_next,
     "olmo2": parse_olmo2,

@@ -70,6 +70,8 @@ DEFAULTS = {
     "glm4_moe": FamilyDefaults(
         max_position_embeddings=131072, rms_norm_eps=1e-5, num_key_value_heads=8
     ),
+    "deepseek_v2": FamilyDefaults(max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+    "deepseek_v3": FamilyDefaults(max_position_embeddings=4096, bos_token_id=0, eos_token_id=1),
     "olmo2": FamilyDefaults(
         max_position_embeddings=2048, rms_norm_eps=1e-5, eos_token_id=50279, pad_token_id=1
     ),

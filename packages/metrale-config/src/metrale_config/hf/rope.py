@@ -55,6 +55,7 @@ def parse_hf_rope(
     if rope_type == "longrope":
         short_factor = _number_list(params, "short_factor")
         long_factor = _number_list(params, "long_factor")
+    yarn = rope_type == "yarn"
     scaling = RopeScaling(
         rope_type=rope_type,
         short_factor=short_factor,
@@ -66,6 +67,11 @@ def parse_hf_rope(
         original_max_position_embeddings=params.optional_integer(
             "original_max_position_embeddings", original_default
         ),
+        beta_fast=params.optional_number("beta_fast") if yarn else None,
+        beta_slow=params.optional_number("beta_slow") if yarn else None,
+        truncate=params.boolean("truncate", True) if yarn else True,
+        mscale=params.optional_number("mscale") if yarn else None,
+        mscale_all_dim=params.optional_number("mscale_all_dim") if yarn else None,
     )
     return theta, scaling
 

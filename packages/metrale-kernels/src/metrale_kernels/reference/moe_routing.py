@@ -1,6 +1,6 @@
 """Reference MoE routers: which ``top_k`` experts each token goes to, and with what weight.
 
-Both return ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 and int64, each row in
+Each returns ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 and int64, each row in
 descending order of the score the experts were chosen by.
 """
 
@@ -32,6 +32,45 @@ def softmax_topk_routing(
     return topk_weights, topk_ids
 
 
+def grouped_softmax_topk_routing(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    num_groups: int,
+    topk_groups: int,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2 routing: softmax over ``router_logits (tokens, experts)`` in float32, the
+    ``top_k`` experts of highest probability among the ``topk_groups`` groups (of
+    ``num_groups`` equal ones) whose best probability is highest; ``num_groups == 1`` is V2's
+    ``greedy``. The weights are the chosen probabilities, not renormalized, times
+    ``routed_scaling_factor``.
+    """
+    _check_top_k(router_logits, top_k)
+    num_tokens, num_experts = router_logits.shape
+    _check_groups(num_experts, top_k, num_groups, topk_groups)
+    probs = router_logits.float().softmax(dim=-1)
+    candidates = probs
+    if topk_groups < num_groups:
+        # (tokens, groups, experts_per_group)
+        grouped = probs.view(num_tokens, num_groups, -1)
+        group_ids = grouped.amax(dim=-1).topk(topk_groups, dim=-1)[1]
+        group_mask = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=probs.device)
+        group_mask.scatter_(1, group_ids, True)
+        candidates = grouped.masked_fill(~group_mask[..., None], -1.0).view_as(probs)
+    topk_ids = candidates.topk(top_k, dim=-1)[1]
+    return probs.gather(1, topk_ids) * routed_scaling_factor, topk_ids
+
+
+def _check_groups(num_experts: int, top_k: int, num_groups: int, topk_groups: int) -> None:
+    if num_groups < 1 or num_experts % num_groups:
+        raise ValueError(f"{num_experts} experts cannot form {num_groups} equal groups")
+    if not 0 < topk_groups <= num_groups:
+        raise ValueError(f"topk_groups must be in 1..{num_groups}, got {topk_groups}")
+    if top_k > topk_groups * (num_experts // num_groups):
+        raise ValueError(f"top_k {top_k} exceeds the experts of {topk_groups} groups")
+
+
 def grouped_sigmoid_topk_routing(
     router_logits: torch.Tensor,
     correction_bias: torch.Tensor,
@@ -52,12 +91,7 @@ def grouped_sigmoid_topk_routing(
     """
     _check_top_k(router_logits, top_k)
     num_tokens, num_experts = router_logits.shape
-    if num_groups < 1 or num_experts % num_groups:
-        raise ValueError(f"{num_experts} experts cannot form {num_groups} equal groups")
-    if not 0 < topk_groups <= num_groups:
-        raise ValueError(f"topk_groups must be in 1..{num_groups}, got {topk_groups}")
-    if top_k > topk_groups * (num_experts // num_groups):
-        raise ValueError(f"top_k {top_k} exceeds the experts of {topk_groups} groups")
+    _check_groups(num_experts, top_k, num_groups, topk_groups)
     scores = router_logits.float().sigmoid()
     biased = scores + correction_bias.float()
     if topk_groups < num_groups:

@@ -1,9 +1,7 @@
 """DSA layers: MLA without RoPE, attending only to the positions a lightning indexer selects.
 
-The paged cache holds the ``kv_lora_rank`` latent of every token (after ``kv_a_layernorm``).
-Attention runs in latent space: each head's query is absorbed through its slice of
-``kv_b_proj`` (``q~ = W_UK^T q``), scores are ``q~ . c``, the weighted latent is expanded by
-``W_UV``: the same math as expanding K and V, without materialising them.
+The paged cache holds the ``kv_lora_rank`` latent of every token (after ``kv_a_layernorm``);
+attention runs in latent space (:mod:`~metrale_model_arch.families.latent_attention`).
 
 The indexer (on "full" layers) scores each query against pooled keys (one per complete pool of
 ``index_kpool`` tokens) and selects the best ``index_topk / index_kpool`` pools plus the
@@ -19,6 +17,7 @@ from torch import nn
 from metrale_config import DsaConfig, MlaConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.families.glm5_next.indexer_cache import IndexerRows
+from metrale_model_arch.families.latent_attention import LatentExpansion, write_latent
 from metrale_model_arch.families.llama import RMSNorm
 
 # The indexer key's LayerNorm epsilon (not rms_norm_eps).
@@ -79,15 +78,6 @@ class Indexer(nn.Module):
         return selections
 
 
-class LatentExpansion(nn.Module):
-    """``kv_b_proj``: only its per-head slices are used, never as one matmul, so it is not an
-    ``nn.Linear`` (whose weight a CPU build stores transposed)."""
-
-    def __init__(self, rows: int, latent_dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(rows, latent_dim))
-
-
 class DsaAttention(nn.Module):
     def __init__(
         self,
@@ -103,11 +93,7 @@ class DsaAttention(nn.Module):
         if mla.q_lora_rank is None:
             raise ValueError("glm5_next DSA layers need q_lora_rank (the indexer reads it)")
         self.num_heads = num_heads
-        self.nope_dim, self.v_dim, self.latent_dim = (
-            mla.qk_nope_head_dim,
-            mla.v_head_dim,
-            mla.kv_lora_rank,
-        )
+        self.nope_dim = mla.qk_nope_head_dim
         self.scale = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5
         self.kpool = dsa.index_kpool
         self.backend = backend
@@ -117,7 +103,7 @@ class DsaAttention(nn.Module):
         self.kv_a_proj_with_mqa = nn.Linear(hidden_size, mla.kv_lora_rank, bias=False)
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, rms_norm_eps, backend)
         self.kv_b_proj = LatentExpansion(
-            num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank
+            num_heads, mla.qk_nope_head_dim, mla.v_head_dim, mla.kv_lora_rank
         )
         self.o_proj = nn.Linear(num_heads * mla.v_head_dim, hidden_size, bias=False)
         self.indexer = Indexer(hidden_size, mla.q_lora_rank, dsa) if has_indexer else None
@@ -141,7 +127,7 @@ class DsaAttention(nn.Module):
         q_latent = self.q_a_layernorm(self.q_a_proj(x))
         q = self.q_b_proj(q_latent).view(-1, self.num_heads, self.nope_dim)
         latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x))
-        latent_cache.view(-1, self.latent_dim)[metadata.slot_mapping] = latent
+        write_latent(latent_cache, latent, metadata.slot_mapping)
         if self.indexer is not None:
             rows = self._indexer_rows(cache, state, metadata)
             selections = self.indexer.select(x, q_latent, positions, rows, metadata, self.backend)
@@ -149,9 +135,7 @@ class DsaAttention(nn.Module):
             selections = shared
         else:
             raise ValueError("a shared DSA layer must directly follow a full DSA layer")
-        # (heads, nope + v, latent): per head, the rows that expand the latent into k, then v.
-        kv_b = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, -1)
-        absorbed = torch.einsum("thd,hdr->thr", q, kv_b[:, : self.nope_dim])
+        absorbed = self.kv_b_proj.absorb(q)
         starts = metadata.query_start_loc.tolist()
         attended = torch.cat(
             [
@@ -165,7 +149,7 @@ class DsaAttention(nn.Module):
                 for i, selected in enumerate(selections)
             ]
         )
-        out = torch.einsum("thr,hvr->thv", attended, kv_b[:, self.nope_dim :])
+        out = self.kv_b_proj.expand(attended)
         projected: torch.Tensor = self.o_proj(out.flatten(1))
         return projected, selections
 
