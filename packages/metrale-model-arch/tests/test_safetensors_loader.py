@@ -270,8 +270,8 @@ def test_pickle_checkpoints_are_never_read(tmp_path: Path, tiny_config: ModelCon
 
 def test_quantized_checkpoint_is_refused(tmp_path: Path, tiny_config: ModelConfig) -> None:
     save_file(reference_weights(tiny_config), str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="quant_method 'fp8' is not supported"):
-        load(tmp_path, attrs.evolve(tiny_config, quantization_method="fp8"))
+    with pytest.raises(CheckpointError, match="quant_method 'bitsandbytes' is not supported"):
+        load(tmp_path, attrs.evolve(tiny_config, quantization_method="bitsandbytes"))
 
 
 def test_duplicate_tensor_is_refused(tiny_config: ModelConfig) -> None:

@@ -1,6 +1,7 @@
 """Metrale model configs and environment levers."""
 
 from metrale_config.errors import ConfigError, UndeclaredLeverError
+from metrale_config.fp8_quantization import Fp8Granularity, Fp8Method, Fp8Quantization
 from metrale_config.gguf import (
     GgufHeader,
     GgufTensorInfo,
@@ -50,6 +51,9 @@ __all__ = [
     "SPARSE_ATTENTION",
     "ConfigError",
     "DsaConfig",
+    "Fp8Granularity",
+    "Fp8Method",
+    "Fp8Quantization",
     "GgufHeader",
     "GgufTensorInfo",
     "Int4Method",

@@ -11,6 +11,7 @@ import enum
 
 import attrs
 
+from metrale_config.fp8_quantization import Fp8Quantization
 from metrale_config.int4_quantization import Int4Quantization
 
 # The old constants, re-exported for ``from metrale_config.model_config import SLIDING_ATTENTION``.
@@ -159,6 +160,8 @@ class ModelConfig:
     quantization_method: str | None = None
     # An AWQ or GPTQ 4-bit checkpoint's quantization_config (the projections' layout).
     int4_quantization: Int4Quantization | None = None
+    # An FP8 e4m3 checkpoint's quantization_config (dequantized at load).
+    fp8_quantization: Fp8Quantization | None = None
     # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
     gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None

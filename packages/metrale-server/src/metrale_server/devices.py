@@ -166,6 +166,11 @@ def format_choice_lines(
             kept = "the GGUF's Q4_1 blocks, bit for bit"
         elif int4 is not None:
             kept = f"the {int4.describe()} weights dequantized to {_dtype_name(loaded.dtype)}"
+        elif (fp8 := loaded.config.fp8_quantization) is not None:
+            kept = (
+                f"the {fp8.describe()} dequantized to {_dtype_name(loaded.dtype)} at load: no "
+                f"fp8 matmul on {loaded.device.type}"
+            )
         else:
             kept = f"the checkpoint's weights in {_dtype_name(loaded.dtype)}"
         lines = [f"weights: {loaded.quantization} (auto keeps {kept}; {exact})"]

@@ -20,6 +20,7 @@ from metrale_config.hf.dense_families import (
     parse_phi3,
     parse_smollm3,
 )
+from metrale_config.hf.fp8_quantization import parse_fp8_quantization
 from metrale_config.hf.glm5_next import parse_glm5_next
 from metrale_config.hf.llama_like import parse_llama_like
 from metrale_config.hf.moe import parse_glm4_moe, parse_mixtral, parse_qwen3_moe
@@ -87,5 +88,7 @@ def model_config_from_hf_dict(data: Mapping[str, object], *, source: str) -> Mod
     config = parser(reader, model_type)
     if (int4 := parse_int4_quantization(reader)) is not None:
         config = attrs.evolve(config, int4_quantization=int4)
+    if (fp8 := parse_fp8_quantization(reader)) is not None:
+        config = attrs.evolve(config, fp8_quantization=fp8)
     validate_model_config(config)
     return config

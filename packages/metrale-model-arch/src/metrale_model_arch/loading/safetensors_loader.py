@@ -18,6 +18,7 @@ from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.int4_format import int4_support_error
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.fp8_checkpoints import fp8_checkpoint_tensors
 from metrale_model_arch.loading.int4_checkpoints import int4_checkpoint_tensors
 from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
@@ -115,28 +116,40 @@ def load_safetensors_model(
     with load_progress(
         total, f"Loading {Path(model_dir).name}", on_progress=options.on_progress
     ) as advance:
-        read = iter_safetensors(names, advance, slice_of)
-        tensors: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]] = (
-            read if config.int4_quantization is None else int4_checkpoint_tensors(read, config)
-        )
         return build_model(
             config,
-            tensors,
+            checkpoint_tensors(iter_safetensors(names, advance, slice_of), config),
             options,
             is_sharded=slice_of is not None,
         )
 
 
+def checkpoint_tensors(
+    read: Iterable[tuple[str, torch.Tensor]], config: ModelConfig
+) -> Iterable[tuple[str, torch.Tensor | Q4_1Blocks]]:
+    """The tensors ``read`` as the model takes them: an int4 checkpoint's projections as
+    blocks, an fp8 checkpoint's weights dequantized, any other checkpoint's as stored."""
+    if config.int4_quantization is not None:
+        return int4_checkpoint_tensors(read, config)
+    if config.fp8_quantization is not None:
+        return fp8_checkpoint_tensors(read, config)
+    return read
+
+
 def quantized_checkpoint_error(config: ModelConfig, options: LoadOptions) -> str | None:
-    """Why ``config``'s ``quantization_config`` cannot be loaded with ``options``, or None: only
-    AWQ and GPTQ int4 (:mod:`~metrale_model_arch.loading.int4_checkpoints`) are read, on one
-    rank."""
+    """Why ``config``'s ``quantization_config`` cannot be loaded with ``options``, or None: AWQ
+    and GPTQ int4 (:mod:`~metrale_model_arch.loading.int4_checkpoints`) and FP8 e4m3
+    (:mod:`~metrale_model_arch.loading.fp8_checkpoints`) are read, on one rank."""
     if config.quantization_method is None:
+        return None
+    if config.fp8_quantization is not None:
+        if options.shard is not None and options.shard.world_size > 1:
+            return "fp8 checkpoints are not split across ranks yet"
         return None
     if config.int4_quantization is None:
         return (
             f"quantization_config.quant_method {config.quantization_method!r} is not supported "
-            "for safetensors checkpoints (supported: awq, gptq)"
+            "for safetensors checkpoints (supported: awq, gptq, fp8, compressed-tensors fp8)"
         )
     if (error := int4_support_error(config)) is not None:
         return error

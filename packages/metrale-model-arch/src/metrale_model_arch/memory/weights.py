@@ -5,7 +5,8 @@ final norm and the LM head, and the MTP layers of a family that loads them (glm4
 ``weights.mtp``, kept for MTP speculation). A head tied to the embeddings is counted once, under
 ``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its parameter
 count times the serve dtype's size, except parameters the architecture keeps in float32 (counted
-apart, in ``ParamCounts.*_fp32``). With int8 weights, the embeddings, the head and the layers'
+apart, in ``ParamCounts.*_fp32``); an FP8 checkpoint's scales are read and dropped, so it costs
+what its float checkpoint would. With int8 weights, the embeddings, the head and the layers'
 projections cost a byte per parameter plus a float32 scale per row
 (:func:`~metrale_model_arch.weight_format.int8_matrix_bytes`). With q4 weights the layers'
 projections cost :func:`~metrale_model_arch.weight_format.q4_matrix_bytes` each instead, the
