@@ -1,6 +1,7 @@
 """Quality of each CPU weight format of the bundled default model: perplexity and greedy agreement.
 
-    python benches/format_quality.py [--formats fp32,bf16,int8,q4,awq,gptq] [--json PATH]
+    python benches/format_quality.py [--formats fp32,bf16,int8,q4,kv-int8,kv-fp8,awq,gptq]
+        [--json PATH]
         [--llama-perplexity PATH/TO/llama-perplexity]
 
 The bundled default model (SmolLM2-135M-Instruct, a Q4_1 GGUF) is loaded in each format:
@@ -69,7 +70,7 @@ import torch
 from bench_host import cpu_line, host_fields
 
 from metrale_kernels import build_attention_metadata
-from metrale_model_arch import LoadedModel, allocate_kv_cache
+from metrale_model_arch import KvCacheDtype, LoadedModel, allocate_kv_cache
 from metrale_server import LLM, EngineArgs, SamplingParams
 
 TEXT_PATH = Path(__file__).parent / "data" / "perplexity_text.txt"
@@ -85,6 +86,8 @@ class Format:
     int4: tuple[str, int, bool] | None = None
     # An FP8 e4m3 checkpoint written from the fp32 weights: its (rows, columns) blocks.
     fp8_block: tuple[int, int] | None = None
+    # EngineArgs.kv_cache_dtype: how the KV cache stores K and V.
+    kv_cache_dtype: str = "auto"
 
 
 FORMATS = {
@@ -97,8 +100,11 @@ FORMATS = {
     "awq-g32": Format("awq-g32", "float32", "q4", int4=("awq", 32, False)),
     "gptq-g32": Format("gptq-g32", "float32", "q4", int4=("gptq", 32, True)),
     "fp8": Format("fp8", "float32", "none", fp8_block=(128, 128)),
+    "kv-int8": Format("kv-int8", "float32", "none", kv_cache_dtype="int8"),
+    "kv-fp8": Format("kv-fp8", "float32", "none", kv_cache_dtype="fp8_e4m3"),
+    "kv-fp8-e5m2": Format("kv-fp8-e5m2", "float32", "none", kv_cache_dtype="fp8_e5m2"),
 }
-DEFAULT_FORMATS = ("fp32", "bf16", "int8", "q4")
+DEFAULT_FORMATS = ("fp32", "bf16", "int8", "q4", "kv-int8", "kv-fp8")
 
 COMPLETION_PROMPTS = [
     "The history of the printing press begins",
@@ -172,6 +178,13 @@ def available_formats() -> list[str]:
 
 
 def make_llm(fmt: Format, scratch: Path) -> LLM:
+    if fmt.kv_cache_dtype != "auto":
+        return LLM(
+            model=None,
+            dtype=fmt.dtype,
+            kv_cache_dtype=fmt.kv_cache_dtype,
+            quantization=fmt.quantization,
+        )
     if fmt.fp8_block is not None:
         return LLM(model=str(write_fp8(fmt, scratch)), dtype=fmt.dtype)
     if fmt.int4 is None:
@@ -230,10 +243,13 @@ def split_chunks(tokens: Sequence[int], ctx: int, *, full_only: bool) -> list[li
     return [c for c in chunks if len(c) == ctx or (not full_only and len(c) > 1)]
 
 
-def chunk_nll(loaded: LoadedModel, chunk: Sequence[int]) -> torch.Tensor:
+def chunk_nll(
+    loaded: LoadedModel, chunk: Sequence[int], kv_cache_dtype: KvCacheDtype
+) -> torch.Tensor:
     """``(len(chunk) - 1,)`` float64: NLL of token ``i + 1`` given tokens ``0..i``.
 
-    One sequence, a prefill of the whole chunk into a fresh paged KV cache.
+    One sequence, a prefill of the whole chunk into a fresh paged KV cache of
+    ``kv_cache_dtype`` (its attention reads the cache it wrote, quantized or not).
     """
     num_blocks = -(-len(chunk) // BLOCK_SIZE)
     kv_caches = allocate_kv_cache(
@@ -242,6 +258,7 @@ def chunk_nll(loaded: LoadedModel, chunk: Sequence[int]) -> torch.Tensor:
         block_size=BLOCK_SIZE,
         dtype=loaded.dtype,
         device=loaded.device,
+        kv_cache_dtype=kv_cache_dtype,
     )
     metadata = build_attention_metadata(
         block_tables=[list(range(num_blocks))],
@@ -259,14 +276,16 @@ def chunk_nll(loaded: LoadedModel, chunk: Sequence[int]) -> torch.Tensor:
         return -log_probs.gather(1, input_ids[1:, None]).squeeze(1).cpu()
 
 
-def perplexity(loaded: LoadedModel, tokens: Sequence[int], ctx: int) -> Perplexity:
+def perplexity(
+    loaded: LoadedModel, tokens: Sequence[int], ctx: int, kv_cache_dtype: KvCacheDtype
+) -> Perplexity:
     start = time.perf_counter()
     cache: dict[tuple[int, ...], torch.Tensor] = {}
 
     def nll(chunk: list[int]) -> torch.Tensor:
         key = tuple(chunk)
         if key not in cache:
-            cache[key] = chunk_nll(loaded, chunk)
+            cache[key] = chunk_nll(loaded, chunk, kv_cache_dtype)
         return cache[key]
 
     every = [nll(chunk) for chunk in split_chunks(tokens, ctx, full_only=False)]
@@ -426,7 +445,7 @@ def main() -> None:
             gguf = loaded.source.path
         tokens = loaded.tokenizer.encode(text, add_special_tokens=True)
         num_tokens = len(tokens)
-        ppl[name] = perplexity(loaded, tokens, args.ctx)
+        ppl[name] = perplexity(loaded, tokens, args.ctx, llm.engine.plan.inputs.kv_cache_dtype)
         start = time.perf_counter()
         greedy[name] = greedy_tokens(llm, prompts_for(loaded), args.max_tokens)
         print(

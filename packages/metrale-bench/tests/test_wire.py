@@ -12,7 +12,8 @@ from .conftest import FAKE_MEMORY
 
 def test_memory_report_round_trips_through_json() -> None:
     report = MemoryReport.from_json(FAKE_MEMORY)
-    assert report.to_json() == {**FAKE_MEMORY, "version": 1}
+    # (A document from before kv_cache_dtype existed is a pool at the model dtype.)
+    assert report.to_json() == {**FAKE_MEMORY, "kv_cache_dtype": "auto", "version": 1}
     assert MemoryReport.from_json(report.to_json()) == report
     assert report.max_kv_tokens == 64 * 16
     assert report.mem_available_drop_bytes == 600 << 20
@@ -24,6 +25,7 @@ def test_memory_report_round_trips_through_json() -> None:
     [
         ({"kv_blocks": None}, "'kv_blocks' must be an integer"),
         ({"device": 3}, "'device' must be a string"),
+        ({"kv_cache_dtype": 8}, "'kv_cache_dtype' must be a string"),
         ({"gpu_memory_utilization": True}, "'gpu_memory_utilization' must be a number"),
         ({"plan_by_owner": {"kv": 1.5}}, "'plan_by_owner' must map owner names to integers"),
     ],

@@ -18,6 +18,7 @@ from metrale_kernels import TorchBackend, get_backend, quantize_per_row
 from metrale_kernels.cpu import native
 from metrale_kernels.cpu.backend import CpuBackend
 from metrale_kernels.cpu.native import NativeBuildError, NativeOps
+from metrale_kernels.reference.kv_quantization import QMAX
 from metrale_kernels.testing.native_layers import check_layer_ops
 from metrale_kernels.testing.paged_batches import batch_invariance, paged_batch
 
@@ -182,6 +183,9 @@ def test_native_tests_skip_without_a_compiler_and_fail_on_a_broken_build(
     assert "this compiler is broken" in str(failed)
 
 
-def test_the_native_layer_ops_match_the_reference_ops(backend: CpuBackend) -> None:
+@pytest.mark.parametrize("kv_dtype", [torch.float32, *QMAX])
+def test_the_native_layer_ops_match_the_reference_ops(
+    backend: CpuBackend, kv_dtype: torch.dtype
+) -> None:
     for seed in range(3):
-        check_layer_ops(backend, seed)
+        check_layer_ops(backend, seed, kv_dtype)

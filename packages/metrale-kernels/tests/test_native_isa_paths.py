@@ -1,4 +1,5 @@
-"""Each instruction-set path of the native ops this CPU can run, built on purpose: the machine
+"""Each instruction-set path of the native ops this CPU can run (float32 and quantized K/V
+caches), built on purpose: the machine
 picks one at build time (-march=native), so the AVX2 and plain-C paths of an AVX-512 machine
 would otherwise never be compiled or checked here. Each build runs in its own process (one
 process holds one ``metrale`` op library) against the reference ops."""
@@ -16,6 +17,7 @@ import pytest
 from metrale_kernels import cpu_features
 
 CHECK = r"""
+import itertools
 import torch
 from metrale_kernels.testing.native_layers import check_layer_ops
 from metrale_kernels import TorchBackend
@@ -49,14 +51,16 @@ for rows, n, k in [(1, 16, 32), (5, 48, 96), (9, 32, 576), (64, 16, 1536)]:
             assert torch.equal(alone[0], got[i]), (rows, n, k, i)
     assert torch.equal(got[rows // 2], bias), (rows, n, k)
 cpu = CpuBackend()
-for window in (None, 5):
+kv_dtypes = (torch.float32, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+for window, kv_dtype in itertools.product((None, 5), kv_dtypes):
     batch = paged_batch(seq_lens=[1, 30, 77, 9], query_lens=[1, 1, 1, 4], num_heads=6,
                         num_kv_heads=2, head_dim=40, dtype=torch.float32,
-                        device=torch.device("cpu"), block_size=8)
+                        device=torch.device("cpu"), block_size=8, kv_dtype=kv_dtype)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.3, window)
     torch.testing.assert_close(cpu.paged_attention(*args), TorchBackend().paged_attention(*args),
                                rtol=1e-5, atol=1e-5)
-check_layer_ops(cpu)
+for kv_dtype in kv_dtypes:
+    check_layer_ops(cpu, 0, kv_dtype)
 """
 
 # (-march, the int8 and q4 paths it builds, the CPU flags it needs)

@@ -13,6 +13,7 @@ from metrale_model_arch.kv_cache import (
     allocate_state_slots,
     kv_cache_bytes_per_token,
 )
+from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.plan import PlanInputs, plan_memory
 from metrale_model_arch.owners import KV_POOL, LINEAR_STATE_POOL, PER_SEQUENCE_STATE
@@ -299,3 +300,103 @@ def test_state_slots_index_by_slot_and_reset(tiny_glm5_next: ModelConfig) -> Non
             assert bool((tensor[2] == 1).all())
     with pytest.raises(IndexError):
         slots.reset(3)
+
+
+QUANTIZED = [KvCacheDtype.INT8, KvCacheDtype.FP8_E4M3, KvCacheDtype.FP8_E5M2]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", QUANTIZED)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "glm5_next"])
+def test_a_quantized_pool_allocates_exactly_the_plan_price(
+    tiny_config: ModelConfig,
+    tiny_glm5_next: ModelConfig,
+    family: str,
+    kv_cache_dtype: KvCacheDtype,
+) -> None:
+    config = family_configs(tiny_config, tiny_glm5_next)[family]
+    allocator = RecordingAllocator()
+    pool = allocate_kv_cache(
+        config,
+        num_blocks=3,
+        block_size=4,
+        dtype=torch.bfloat16,
+        device="cpu",
+        allocator=allocator,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    per_token = kv_bytes_per_token(config, 2, indexer_paged=True, kv_cache_dtype=kv_cache_dtype)
+    # Each layer: K and V of kv_heads rows of head_dim one-byte values + a 2-byte scale.
+    heads, dim = config.num_key_value_heads, config.head_dim
+    assert per_token == config.num_hidden_layers * 2 * heads * (dim + 2)
+    assert allocator.bytes_by_owner == {KV_POOL: 3 * 4 * per_token}
+    k_cache, v_cache = pool[0]
+    assert k_cache.dtype == v_cache.dtype == torch.empty(0, dtype=_STORAGE[kv_cache_dtype]).dtype
+    assert k_cache.shape == (3, 4, heads, dim + 2)
+
+
+_STORAGE = {
+    KvCacheDtype.INT8: torch.int8,
+    KvCacheDtype.FP8_E4M3: torch.float8_e4m3fn,
+    KvCacheDtype.FP8_E5M2: torch.float8_e5m2,
+}
+
+
+def test_the_same_budget_holds_about_twice_the_bf16_tokens(tiny_config: ModelConfig) -> None:
+    llama3_8b = attrs.evolve(
+        tiny_config, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128,
+    )  # fmt: skip
+    plans = {
+        kv: plan_memory(
+            llama3_8b,
+            PlanInputs(
+                device_kind="cuda",
+                total_bytes=80 * 2**30,
+                gpu_memory_utilization=0.9,
+                dtype_bytes=2,
+                max_seq_len=8192,
+                max_batch_size=256,
+                kv_cache_dtype=kv,
+            ),
+        )
+        for kv in (KvCacheDtype.AUTO, KvCacheDtype.INT8)
+    }
+    auto, int8 = plans[KvCacheDtype.AUTO], plans[KvCacheDtype.INT8]
+    assert int8.kv_bytes_per_token == 32 * 2 * 8 * 130
+    assert int8.max_kv_tokens >= 1.9 * auto.max_kv_tokens
+    # The same bytes, in whole blocks of each size.
+    assert abs(int8.by_owner()[KV_POOL] - auto.by_owner()[KV_POOL]) < auto.kv_block_bytes
+
+
+def test_an_mla_latent_is_refused_by_name(tiny_glm5_next: ModelConfig) -> None:
+    with pytest.raises(ValueError, match="--kv-cache-dtype int8: glm5_next's MLA latent"):
+        kv_bytes_per_token(tiny_glm5_next, 2, indexer_paged=True, kv_cache_dtype=KvCacheDtype.INT8)
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
+def test_fp8_is_e4m3_as_in_vllm(name: str) -> None:
+    assert KvCacheDtype.parse(name) is KvCacheDtype.FP8_E4M3
+
+
+def test_an_unknown_kv_cache_dtype_names_the_flag() -> None:
+    with pytest.raises(ValueError, match="--kv-cache-dtype 'fp4': choose one of auto, fp8,"):
+        KvCacheDtype.parse("fp4")
+
+
+def test_copy_blocks_copies_quantized_blocks(tiny_config: ModelConfig) -> None:
+    pool = allocate_kv_cache(
+        tiny_config,
+        num_blocks=4,
+        block_size=2,
+        dtype=torch.float32,
+        device="cpu",
+        kv_cache_dtype=KvCacheDtype.FP8_E4M3,
+    )
+    for allocation in pool.allocations:
+        allocation.view(torch.uint8).copy_(
+            torch.randint(0, 255, allocation.shape, dtype=torch.uint8)
+        )
+    pool.copy_blocks(torch.tensor([0]), torch.tensor([3]))
+    for k_cache, v_cache in pool:
+        assert torch.equal(k_cache[3].view(torch.uint8), k_cache[0].view(torch.uint8))
+        assert torch.equal(v_cache[3].view(torch.uint8), v_cache[0].view(torch.uint8))

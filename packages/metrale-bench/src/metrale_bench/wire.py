@@ -30,6 +30,8 @@ class MemoryReport:
 
     ``plan_by_owner`` is what the preflight computed from the config before any weight loaded;
     ``ledger_by_owner`` is what was actually allocated, by the same owner names.
+    ``kv_cache_dtype``: how K/V attention layers store the pool (``auto``: the serve dtype;
+    ``int8``, ``fp8_e4m3``, ``fp8_e5m2``: quantized), which ``kv_bytes_per_token`` prices.
     """
 
     kv_blocks: int
@@ -48,6 +50,7 @@ class MemoryReport:
     kv_bytes_per_token: int
     plan_by_owner: Mapping[str, int] = attrs.field(factory=dict)
     ledger_by_owner: Mapping[str, int] = attrs.field(factory=dict)
+    kv_cache_dtype: str = "auto"
     version: int = MEMORY_REPORT_VERSION
 
     @property
@@ -100,7 +103,7 @@ def _checked(name: str, value: Any) -> Any:
         ):
             raise MemoryReportError(f"/memory: {name!r} must map owner names to integers")
         return dict(value)
-    if name == "device":
+    if name in ("device", "kv_cache_dtype"):
         if not isinstance(value, str):
             raise MemoryReportError(f"/memory: {name!r} must be a string, got {value!r}")
         return value

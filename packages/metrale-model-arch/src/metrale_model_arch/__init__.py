@@ -13,6 +13,7 @@ from metrale_model_arch.kv_cache import (
     allocate_state_slots,
     kv_cache_bytes_per_token,
 )
+from metrale_model_arch.kv_cache_dtype import KV_CACHE_DTYPE_NAMES, KvCacheDtype
 from metrale_model_arch.load import LoadedModel, headless_config, load_model, read_model_config
 from metrale_model_arch.load_options import LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
@@ -33,6 +34,7 @@ from metrale_model_arch.weight_format import QUANTIZATION_NAMES, Quantization
 
 __all__ = [
     "ARCHITECTURES",
+    "KV_CACHE_DTYPE_NAMES",
     "QUANTIZATION_NAMES",
     "SUPPORTED_MODEL_TYPES",
     "Architecture",
@@ -41,6 +43,7 @@ __all__ = [
     "ChatTemplateError",
     "CheckpointError",
     "KvCache",
+    "KvCacheDtype",
     "KvCachePool",
     "LayerCache",
     "LayerCacheSpec",

@@ -17,9 +17,19 @@ import attrs
 from metrale_config import LINEAR_ATTENTION, SLIDING_ATTENTION, SPARSE_ATTENTION, ModelConfig
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 
-# "model": the serve dtype; the others are fixed whatever the serve dtype.
-TensorDtype = Literal["model", "float32", "uint8"]
-FIXED_DTYPE_BYTES: dict[str, int] = {"float32": 4, "uint8": 1}
+# "model": the serve dtype; the others are fixed whatever the serve dtype (the one-byte floats
+# and int8 hold quantized K/V rows, :mod:`metrale_model_arch.kv_cache_dtype`).
+TensorDtype = Literal["model", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2"]
+FIXED_DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+# A quantized K/V row's float16 scale, stored after its values
+# (:mod:`metrale_kernels.reference.kv_quantization`).
+KV_SCALE_BYTES = 2
 FLOAT32_BYTES = 4
 
 
@@ -83,14 +93,17 @@ class LayerCacheSpec:
 
 @attrs.frozen(kw_only=True)
 class FullAttentionSpec(LayerCacheSpec):
-    """K and V of every token: ``(kv_heads, head_dim)`` each, at the serve dtype."""
+    """K and V of every token: ``(kv_heads, head_dim)`` each, at the serve dtype; or, quantized
+    (``kv_dtype`` one byte), ``(kv_heads, head_dim + KV_SCALE_BYTES)``."""
 
     num_kv_heads: int
     head_dim: int
+    kv_dtype: TensorDtype = "model"
 
     def paged(self) -> tuple[PagedTensors, ...]:
-        shape = (self.num_kv_heads, self.head_dim)
-        return (PagedTensors(roles=("k", "v"), token_shape=shape, dtype="model"),)
+        row = self.head_dim if self.kv_dtype == "model" else self.head_dim + KV_SCALE_BYTES
+        shape = (self.num_kv_heads, row)
+        return (PagedTensors(roles=("k", "v"), token_shape=shape, dtype=self.kv_dtype),)
 
 
 @attrs.frozen(kw_only=True)

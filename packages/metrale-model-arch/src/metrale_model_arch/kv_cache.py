@@ -18,12 +18,19 @@ from metrale_config import ModelConfig
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.cache_spec import LayerCacheSpec, PagedTensors, StateTensor, TensorDtype
 from metrale_model_arch.families.base import LayerCache
+from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.owners import KV_POOL
 from metrale_model_arch.registry import cache_specs
 
 T = TypeVar("T")
-_FIXED_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
+_FIXED_DTYPES = {
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
 
 
 def _torch_dtype(dtype: TensorDtype, model_dtype: torch.dtype) -> torch.dtype:
@@ -31,10 +38,16 @@ def _torch_dtype(dtype: TensorDtype, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def kv_cache_bytes_per_token(
-    config: ModelConfig, dtype: torch.dtype, *, indexer_paged: bool = True
+    config: ModelConfig,
+    dtype: torch.dtype,
+    *,
+    indexer_paged: bool = True,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
 ) -> int:
     """Bytes one token occupies across all layers' paged caches (``memory.kv_bytes_per_token``)."""
-    return kv_bytes_per_token(config, dtype.itemsize, indexer_paged=indexer_paged)
+    return kv_bytes_per_token(
+        config, dtype.itemsize, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype
+    )
 
 
 @attrs.define(eq=False)
@@ -69,7 +82,8 @@ class KvCachePool(Sequence[LayerCache]):
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy blocks ``src[i]`` to ``dst[i]`` in every paged tensor (copy-on-write)."""
         for allocation in self.allocations:
-            allocation[:, :, dst] = allocation[:, :, src]
+            raw = allocation.view(torch.uint8)  # as bytes: torch cannot index-assign fp8
+            raw[:, :, dst] = raw[:, :, src]
 
     @property
     def num_bytes(self) -> int:
@@ -85,11 +99,13 @@ def allocate_kv_cache(
     device: torch.device | str,
     allocator: TensorAllocator = plain_allocator,
     indexer_paged: bool = True,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
 ) -> KvCachePool:
     """The KV pool of ``config``'s cache specs, from ``allocator`` under owner ``kv_pool``.
 
     For full and sliding attention each layer is ``(k_cache, v_cache)``, each ``(num_blocks,
-    block_size, kv_heads, head_dim)``; MLA layers hold ``(latent,)`` of ``(num_blocks,
+    block_size, kv_heads, head_dim)`` (quantized, ``kv_cache_dtype``: one byte a value,
+    ``head_dim + 2`` a row with its scale); MLA layers hold ``(latent,)`` of ``(num_blocks,
     block_size, latent_dim)``, paged DSA layers add ``index_keys`` (float32).
 
     NOTE: not zeroed. The attention ops never read a slot that was not written (their
@@ -98,7 +114,7 @@ def allocate_kv_cache(
     """
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be > 0")
-    specs = cache_specs(config, indexer_paged=indexer_paged)
+    specs = cache_specs(config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype)
     groups = _group_layers([spec.paged() for spec in specs])
     device = torch.device(device)
     views: dict[tuple[PagedTensors, int], LayerCache] = {}
@@ -119,6 +135,36 @@ def allocate_kv_cache(
     )
     return KvCachePool(
         layers=layers, num_blocks=num_blocks, block_size=block_size, allocations=tuple(allocations)
+    )
+
+
+def allocate_layer_cache(
+    spec: LayerCacheSpec,
+    *,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    owner: str,
+    allocator: TensorAllocator = plain_allocator,
+) -> KvCachePool:
+    """A one-layer paged pool of ``spec`` under ``owner`` (a speculative MTP layer's, in the
+    draft pool): ``spec.paged_bytes_per_token`` per token, laid out as ``allocate_kv_cache``
+    lays out each layer."""
+    if num_blocks <= 0 or block_size <= 0:
+        raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be > 0")
+    allocations = tuple(
+        allocator(
+            owner,
+            (len(tensors.roles), 1, num_blocks, block_size, *tensors.token_shape),
+            _torch_dtype(tensors.dtype, dtype),
+            torch.device(device),
+        )
+        for tensors in spec.paged()
+    )
+    layer = tuple(a[r, 0] for a in allocations for r in range(a.shape[0]))
+    return KvCachePool(
+        layers=(layer,), num_blocks=num_blocks, block_size=block_size, allocations=allocations
     )
 
 

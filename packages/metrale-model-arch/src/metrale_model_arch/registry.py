@@ -27,6 +27,7 @@ from metrale_model_arch.families.qwen3_moe import (
     qwen3_moe_checkpoint_mapping,
 )
 from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
+from metrale_model_arch.kv_cache_dtype import KvCacheDtype, quantized_kv_specs
 
 LLAMA = Architecture(
     model_type="llama",
@@ -165,9 +166,16 @@ def family_for(config: ModelConfig) -> type[CausalLM]:
     return module
 
 
-def cache_specs(config: ModelConfig, *, indexer_paged: bool) -> tuple[LayerCacheSpec, ...]:
-    """One cache spec per layer of ``config`` (see :mod:`metrale_model_arch.cache_spec`)."""
-    return planned_architecture(config).cache_specs(config, indexer_paged=indexer_paged)
+def cache_specs(
+    config: ModelConfig,
+    *,
+    indexer_paged: bool,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+) -> tuple[LayerCacheSpec, ...]:
+    """One cache spec per layer of ``config`` (see :mod:`metrale_model_arch.cache_spec`), its
+    K/V attention layers stored as ``kv_cache_dtype``."""
+    specs = planned_architecture(config).cache_specs(config, indexer_paged=indexer_paged)
+    return quantized_kv_specs(specs, kv_cache_dtype, config.model_type)
 
 
 def param_counts(config: ModelConfig) -> ParamCounts:

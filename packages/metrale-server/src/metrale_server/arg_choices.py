@@ -1,5 +1,5 @@
 """The values the engine's named arguments take (``--dtype``, ``--quantization``,
-``--kernel-backend``, ``--task``): named here, below both ``EngineArgs`` and
+``--kv-cache-dtype``, ``--kernel-backend``, ``--task``): named here, below both ``EngineArgs`` and
 ``SpeculativeConfig``, and without importing torch, so ``met --help`` does not wait for it."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from __future__ import annotations
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto``.
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
+# ``metrale_model_arch.KV_CACHE_DTYPE_NAMES`` (vLLM's names; ``fp8`` is ``fp8_e4m3``).
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 # ``metrale_kernels.BACKEND_NAMES``.
 KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
 # What the served model does: ``auto`` detects it from the model's files

@@ -5,7 +5,12 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import read_bool_lever
-from metrale_server.arg_choices import KERNEL_BACKEND_CHOICES, QUANTIZATION_CHOICES, TASK_CHOICES
+from metrale_server.arg_choices import (
+    KERNEL_BACKEND_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
+    QUANTIZATION_CHOICES,
+    TASK_CHOICES,
+)
 from metrale_server.speculative_config import SpeculativeConfig
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
@@ -32,7 +37,10 @@ class EngineArgs:
     AWQ/GPTQ int4 checkpoint (where the native cpu kernels run it), ``none`` otherwise;
     ``int8`` and ``q4`` of float weights are lossy and only ever asked for. ``dtype`` ``auto``
     is the checkpoint's own where the device computes it natively
-    (:func:`metrale_server.devices.resolve_dtype`).
+    (:func:`metrale_server.devices.resolve_dtype`). ``kv_cache_dtype``: how K/V attention
+    layers store their cache, ``auto`` (the serve dtype), ``int8``, ``fp8`` / ``fp8_e4m3`` or
+    ``fp8_e5m2`` (one byte a value and a float16 scale a row:
+    :mod:`metrale_model_arch.kv_cache_dtype`; lossy, only ever asked for).
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA
     kernels), ``auto`` (``cupy`` on CUDA where CuPy can run, ``cpu`` on a CPU with a C++
@@ -45,6 +53,7 @@ class EngineArgs:
     model: str | None = None
     dtype: str = "auto"
     quantization: str = "auto"
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     kernel_backend: str = "auto"
     # None: DEFAULT_BLOCK_SIZE, or the least multiple of a paged DSA indexer's pool above it
@@ -70,6 +79,11 @@ class EngineArgs:
             raise ValueError(
                 f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if self.kernel_backend not in KERNEL_BACKEND_CHOICES:
             raise ValueError(

@@ -338,3 +338,27 @@ def test_a_tensor_parallel_size_that_does_not_split_the_model_names_the_flag(
     result = runner.invoke(main, ["memory", str(glm_config_json), "--tensor-parallel-size", "3"])
     assert result.exit_code != 0
     assert "--tensor-parallel-size 3 does not divide" in result.output
+
+
+def test_an_int8_kv_cache_holds_the_tokens_of_its_smaller_rows(runner: CliRunner) -> None:
+    result = memory(runner, "--kv-cache-dtype", "int8")
+    assert result.exit_code == 0, result.output
+    config = read_model_config(resolve_model(None))
+    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * (config.head_dim + 2)
+    kv_line = next(line for line in result.stdout.splitlines() if line.startswith("KV cache: "))
+    assert kv_line.endswith(
+        f"({per_token} B/token, int8 K/V + a float16 scale per token and kv head)"
+    )
+    auto, int8 = memory_json(runner), memory_json(runner, "--kv-cache-dtype", "int8")
+    assert int8["inputs"]["kv_cache_dtype"] == "int8"
+    assert int8["kv_bytes_per_token"] == per_token
+    # The same 4 GiB CPU default: float32 rows of 64 values against 64 bytes and a scale.
+    assert int8["max_kv_tokens"] >= 3.5 * auto["max_kv_tokens"]
+
+
+def test_a_quantized_mla_latent_is_refused_naming_the_flag(
+    runner: CliRunner, glm_config_json: Path
+) -> None:
+    result = runner.invoke(main, ["memory", str(glm_config_json), "--kv-cache-dtype", "fp8"])
+    assert result.exit_code != 0
+    assert "--kv-cache-dtype fp8_e4m3: glm5_next's MLA latent cache" in result.output

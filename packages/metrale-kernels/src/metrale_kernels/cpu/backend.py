@@ -9,8 +9,8 @@
 - ``paged_attention`` attends every query row of the step with ``metrale::paged_decode``,
   reading K/V blocks in place: a prefill's tokens are rows over their causal context, like a
   decode's, so a token's attention is the same whatever step it is in (row invariance; at the
-  cost of GEMM-shaped speed on long prompts). Caches or activations other than float32 take
-  the reference path.
+  cost of GEMM-shaped speed on long prompts). Float32 or quantized caches (int8 or fp8 rows,
+  dequantized as they are read), float32 activations; others take the reference path.
 - ``llama_qkv_step``, ``llama_output_step`` and ``llama_decode_layer`` (float32) are a dense
   llama layer's segments as one native call each (``metrale::int8_qkv_step``, ...), where the
   reference runs ~50 small ops.
@@ -37,6 +37,7 @@ from metrale_kernels.cpu.native import NativeBuildError, NativeOps, load_native_
 from metrale_kernels.op import kernel
 from metrale_kernels.reference import int8_matmul
 from metrale_kernels.reference import paged_attention as reference_attention
+from metrale_kernels.reference.kv_quantization import is_quantized_cache
 
 logger = logging.getLogger("metrale.kernels")
 Tensor = torch.Tensor
@@ -132,11 +133,17 @@ def paged_attention(
     *,
     out: Tensor | None = None,
 ) -> Tensor:
-    floats = {q.dtype, k_cache.dtype, v_cache.dtype} == {torch.float32}
-    if backend.native is None or not floats or q.device.type != "cpu":
+    native_cache = k_cache.dtype == torch.float32 or is_quantized_cache(k_cache)
+    if (
+        backend.native is None
+        or q.dtype != torch.float32
+        or not native_cache
+        or q.device.type != "cpu"
+    ):
         reference = backend.fallback(KernelBackend.paged_attention, "not float32 native")
         return reference(q, k_cache, v_cache, metadata, scale, sliding_window, out=out)
     reference_attention.group_size(q.shape[1], k_cache.shape[2])
+    reference_attention.check_cache_shape(q, k_cache, v_cache)
     plan = metadata.derived(("native_rows", sliding_window), plan_query_rows, sliding_window)
     q = q.contiguous()
     if out is None:

@@ -30,7 +30,14 @@ from metrale_kernels.cpu_features import cpu_features
 logger = logging.getLogger("metrale.kernels")
 SOURCE_DIR = Path(__file__).parent
 SOURCES = ("int8_mm.cpp", "q4_mm.cpp", "paged_decode.cpp", "llama_layer.cpp")
-HEADERS = ("decode_attention.h", "int8_mm.h", "q4_mm.h", "two_digits.h", "vec_math.h")
+HEADERS = (
+    "decode_attention.h",
+    "int8_mm.h",
+    "kv_cache.h",
+    "q4_mm.h",
+    "two_digits.h",
+    "vec_math.h",
+)
 # -fopenmp: at::parallel_for is an inline "omp parallel" (run by torch's OpenMP runtime, the
 # process's one).
 # -ffp-contract=off: no fused multiply-adds the source does not write (results must not depend

@@ -1,5 +1,6 @@
-// Decode attention over a paged float32 K/V cache, read in place: the core of
-// metrale::paged_decode and of metrale::int8_decode_layer.
+// Decode attention over a paged K/V cache (float32 read in place, or quantized rows
+// dequantized as they are read; kv_cache.h): the core of metrale::paged_decode and of
+// metrale::int8_decode_layer.
 //
 // Each query head of a row scores every visible key, takes a softmax in float32 and sums the
 // values. A row's result depends on its own context alone, never on the other rows of the
@@ -14,13 +15,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv_cache.h"
 #include "vec_math.h"
 
 namespace metrale_native {
 
 struct PagedCache {
-  const float* k;
-  const float* v;
+  CacheRows k;
+  CacheRows v;
   int64_t block_size;
   int64_t kv_heads;
 };
@@ -40,7 +42,7 @@ struct DecodeRows {
 // A task's buffers, reused from one call of attend_heads to the next.
 struct AttendScratch {
   std::vector<float> scores, acc, totals;
-  std::vector<int64_t> kv_offset;
+  std::vector<int64_t> kv_head;
 };
 
 // Query heads [h0, h1) of decode row r: each visible key's slot read once for all of them.
@@ -49,7 +51,6 @@ inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const 
                          const DecodeRows& decode, float softmax_scale, int64_t r, int64_t h0,
                          int64_t h1, AttendScratch& scratch, float* out_data) {
   const int64_t group = heads / cache.kv_heads, block_size = cache.block_size;
-  const int64_t slot_stride = cache.kv_heads * dim;  // floats between consecutive slots
   const int64_t last = decode.seq_lens[r];
   const int64_t first = decode.first_keys != nullptr ? decode.first_keys[r]
                         : decode.sliding_window > 0  ? std::max<int64_t>(0, last - decode.sliding_window)
@@ -63,24 +64,25 @@ inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const 
   std::vector<float>& scores = scratch.scores;
   std::vector<float>& acc = scratch.acc;
   std::vector<float>& totals = scratch.totals;
-  std::vector<int64_t>& kv_offset = scratch.kv_offset;  // query head h reads kv head h / group
+  std::vector<int64_t>& kv_head = scratch.kv_head;  // query head h reads kv head h / group
   scores.resize(count * keys);
   acc.assign(count * dim, 0.f);
   totals.resize(count);
-  kv_offset.resize(count);
-  for (int64_t h = h0; h < h1; ++h) kv_offset[h - h0] = (h / group) * dim;
+  kv_head.resize(count);
+  for (int64_t h = h0; h < h1; ++h) kv_head[h - h0] = h / group;
   // Visits key t's slot (first <= t < last) in order, without a division per key.
   const auto for_each_slot = [&](auto&& visit) {
     for (int64_t t = first; t < last;) {
       const int64_t offset = t % block_size, run = std::min(block_size - offset, last - t);
       const int64_t base = table[t / block_size] * block_size + offset;
-      for (int64_t i = 0; i < run; ++i) visit(t - first + i, (base + i) * slot_stride);
+      for (int64_t i = 0; i < run; ++i) visit(t - first + i, base + i);
       t += run;
     }
   };
   for_each_slot([&](int64_t i, int64_t slot) {
     for (int64_t j = 0; j < count; ++j)
-      scores[j * keys + i] = dot(query + (h0 + j) * dim, cache.k + slot + kv_offset[j], dim) * softmax_scale;
+      scores[j * keys + i] =
+          cache.k.dot_row(query + (h0 + j) * dim, slot, kv_head[j]) * softmax_scale;
   });
   for (int64_t j = 0; j < count; ++j) {
     float* head_scores = scores.data() + j * keys;
@@ -91,7 +93,7 @@ inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const 
   }
   for_each_slot([&](int64_t i, int64_t slot) {
     for (int64_t j = 0; j < count; ++j)
-      axpy(scores[j * keys + i], cache.v + slot + kv_offset[j], acc.data() + j * dim, dim);
+      cache.v.add_row(scores[j * keys + i], slot, kv_head[j], acc.data() + j * dim);
   });
   float* result = out_data + row * heads * dim;
   for (int64_t j = 0; j < count; ++j) {

@@ -207,11 +207,11 @@ at::Tensor int8_decode_layer(
     const c10::optional<at::Tensor>& gate_up_bias, const at::Tensor& down_w,
     const at::Tensor& down_scale, const c10::optional<at::Tensor>& down_bias) {
   const int64_t rows = hidden.size(0);
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous() &&
-                  k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
-                  k_cache.size(2) == num_kv_heads && k_cache.size(3) == head_dim,
-              "int8_decode_layer: float32 caches (blocks, block_size, kv_heads, head_dim)");
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
+                  k_cache.dim() == 4 && k_cache.size(2) == num_kv_heads,
+              "int8_decode_layer: alike caches (blocks, block_size, kv_heads, row)");
+  const metrale_native::CacheRows k_rows_of = metrale_native::cache_rows(k_cache, head_dim, "int8_decode_layer");
+  const metrale_native::CacheRows v_rows_of = metrale_native::cache_rows(v_cache, head_dim, "int8_decode_layer");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == rows && seq_lens.scalar_type() == at::kLong &&
                   seq_lens.is_contiguous() && seq_lens.numel() == rows &&
@@ -220,22 +220,25 @@ at::Tensor int8_decode_layer(
               "int8_decode_layer: one slot, one length and one block table per token (int64)");
   auto [q, k, v] = int8_qkv_step(hidden, input_norm, eps, qkv_w, qkv_scale, qkv_bias, positions,
                                  cos_sin, num_heads, num_kv_heads, head_dim);
-  const int64_t kv_width = num_kv_heads * head_dim, row_stride = k.stride(0);
+  const int64_t row_stride = k.stride(0), row_bytes = k_rows_of.row_bytes();
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  uint8_t* kc = static_cast<uint8_t*>(k_cache.data_ptr());
+  uint8_t* vc = static_cast<uint8_t*>(v_cache.data_ptr());
   const float* k_rows = k.data_ptr<float>();
   const float* v_rows = v.data_ptr<float>();
   for (int64_t t = 0; t < rows; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "int8_decode_layer: slot ", slots[t],
                 " is outside the cache");
-    std::copy_n(k_rows + t * row_stride, kv_width, kc + slots[t] * kv_width);
-    std::copy_n(v_rows + t * row_stride, kv_width, vc + slots[t] * kv_width);
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int64_t offset = (slots[t] * num_kv_heads + h) * row_bytes;
+      metrale_native::store_row(k_rows + t * row_stride + h * head_dim, head_dim, k_rows_of.format, kc + offset);
+      metrale_native::store_row(v_rows + t * row_stride + h * head_dim, head_dim, v_rows_of.format, vc + offset);
+    }
   }
   const at::Tensor queries = q.contiguous();
   at::Tensor attended = at::empty({rows, num_heads, head_dim}, hidden.options());
-  const metrale_native::PagedCache cache{kc, vc, k_cache.size(1), num_kv_heads};
+  const metrale_native::PagedCache cache{k_rows_of, v_rows_of, k_cache.size(1), num_kv_heads};
   const metrale_native::DecodeRows decode{rows,
                                           nullptr,
                                           nullptr,

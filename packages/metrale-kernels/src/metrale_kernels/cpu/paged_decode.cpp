@@ -1,5 +1,6 @@
 // metrale::paged_decode: attention for decode rows (one query token each) over a paged K/V
-// cache, read in place: no gathered copy of the context, no padding, no mask.
+// cache (float32, or quantized: kv_cache.h), read in place: no gathered copy of the context,
+// no padding, no mask.
 // The kernel is decode_attention.h's: one task per row, each visible key read once, a row's
 // result fixed by its own context alone.
 #include <ATen/Parallel.h>
@@ -19,13 +20,12 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                   const at::Tensor& rows, const at::Tensor& seqs, const at::Tensor& block_tables,
                   const at::Tensor& seq_lens, const at::Tensor& first_keys, double scale,
                   const at::Tensor& out) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "paged_decode: q (tokens, heads, dim), caches (blocks, block_size, kv_heads, dim)");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "paged_decode: float32 q, caches and out");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  out.is_contiguous() && out.sizes() == q.sizes(),
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "paged_decode: q (tokens, heads, dim), alike caches (blocks, block_size, kv_heads, row)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "paged_decode: float32 q and out");
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && out.sizes() == q.sizes(),
               "paged_decode: contiguous tensors, out shaped as q");
   for (const at::Tensor* index : {&rows, &seqs, &seq_lens, &first_keys})
     TORCH_CHECK(index->scalar_type() == at::kLong && index->is_contiguous(),
@@ -36,12 +36,10 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
               "paged_decode: int64 block tables with contiguous rows");
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0, "paged_decode: head shapes");
+  TORCH_CHECK(heads % kv_heads == 0, "paged_decode: head shapes");
   const int64_t num_rows = rows.size(0);
   const int64_t table_width = block_tables.size(1), table_stride = block_tables.stride(0);
   const float* q_data = q.data_ptr<float>();
-  const float* k_data = k_cache.data_ptr<float>();
-  const float* v_data = v_cache.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   const int64_t* row_data = rows.data_ptr<int64_t>();
   const int64_t* seq_data = seqs.data_ptr<int64_t>();
@@ -50,7 +48,9 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const int64_t* first_data = first_keys.data_ptr<int64_t>();
   const float softmax_scale = static_cast<float>(scale);
 
-  const metrale_native::PagedCache cache{k_data, v_data, block_size, kv_heads};
+  const metrale_native::PagedCache cache{metrale_native::cache_rows(k_cache, dim, "paged_decode"),
+                                         metrale_native::cache_rows(v_cache, dim, "paged_decode"),
+                                         block_size, kv_heads};
   const metrale_native::DecodeRows decode{num_rows,   row_data,  seq_data,   table_data,
                                           table_stride, table_width, len_data, first_data, 0};
   metrale_native::decode_attention(q_data, heads, dim, cache, decode, softmax_scale, out_data);

@@ -46,6 +46,96 @@ inline void axpy(float p, const float* x, float* y, int64_t n) {
   for (; d < n; ++d) y[d] += p * x[d];
 }
 
+// sum a[i] * b[i] over int8 b, each b[i] exactly a float: the sums of dot's order.
+inline float dot_i8(const float* a, const int8_t* b, int64_t n) {
+  int64_t d = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= n; d += 16) {
+    const __m512 bf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + d))));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), bf, acc);
+  }
+  total = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= n; d += 8) {
+    const __m256 bf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + d))));
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), bf, acc);
+  }
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_add_ss(half, _mm_movehdup_ps(half));
+  total = _mm_cvtss_f32(half);
+#endif
+  for (; d < n; ++d) total += a[d] * static_cast<float>(b[d]);
+  return total;
+}
+
+// y += p * x over int8 x
+inline void axpy_i8(float p, const int8_t* x, float* y, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; d + 16 <= n; d += 16) {
+    const __m512 xf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + d))));
+    _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, xf, _mm512_loadu_ps(y + d)));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; d + 8 <= n; d += 8) {
+    const __m256 xf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d))));
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(pv, xf, _mm256_loadu_ps(y + d)));
+  }
+#endif
+  for (; d < n; ++d) y[d] += p * static_cast<float>(x[d]);
+}
+
+// sum a[i] * table[b[i]]: one-byte codes (fp8) decoded through a 256-entry table.
+inline float dot_table(const float* a, const uint8_t* b, const float* table, int64_t n) {
+  int64_t d = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + 16 <= n; d += 16) {
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + d)));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_i32gather_ps(codes, table, 4), acc);
+  }
+  total = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; d + 8 <= n; d += 8) {
+    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + d)));
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_i32gather_ps(table, codes, 4), acc);
+  }
+  __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  half = _mm_add_ss(half, _mm_movehdup_ps(half));
+  total = _mm_cvtss_f32(half);
+#endif
+  for (; d < n; ++d) total += a[d] * table[b[d]];
+  return total;
+}
+
+// y += p * table[x[i]]
+inline void axpy_table(float p, const uint8_t* x, const float* table, float* y, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 pv = _mm512_set1_ps(p);
+  for (; d + 16 <= n; d += 16) {
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + d)));
+    _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, _mm512_i32gather_ps(codes, table, 4), _mm512_loadu_ps(y + d)));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; d + 8 <= n; d += 8) {
+    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d)));
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(pv, _mm256_i32gather_ps(table, codes, 4), _mm256_loadu_ps(y + d)));
+  }
+#endif
+  for (; d < n; ++d) y[d] += p * table[x[d]];
+}
+
 // x[i] = exp(x[i] - shift) for x[i] <= shift: 2^n * e^r with |r| <= ln(2) / 2 and e^r by
 // its Taylor polynomial of degree 7 (relative error under 2e-8 before rounding).
 inline float exp_poly(float r) {

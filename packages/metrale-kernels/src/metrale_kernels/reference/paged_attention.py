@@ -15,6 +15,7 @@ import torch
 from torch.nn import functional
 
 from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.reference.kv_quantization import cache_head_dim, gather_blocks, write_slots
 
 # Decode rows are batched until their gathered K/V reach this many tokens, so one group's
 # copy stays in the CPU caches while SDPA reads it (measured: 2-4k beats one big batch).
@@ -60,6 +61,20 @@ def group_size(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
+def check_cache_shape(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """The caches hold ``q``'s head dim (quantized or not) and match each other."""
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(
+            f"k cache {k_cache.dtype}{tuple(k_cache.shape)} and v cache "
+            f"{v_cache.dtype}{tuple(v_cache.shape)} differ"
+        )
+    if cache_head_dim(k_cache) != q.shape[-1]:
+        raise ValueError(
+            f"a {k_cache.dtype} cache of rows {k_cache.shape[-1]} holds head dim "
+            f"{cache_head_dim(k_cache)}, the query's is {q.shape[-1]}"
+        )
+
+
 def check_sliding_window(sliding_window: int | None) -> None:
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
@@ -77,11 +92,11 @@ def write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    num_kv_heads, head_dim = k_cache.shape[-2:]
-    k_slots = k_cache.view(-1, num_kv_heads, head_dim)
-    v_slots = v_cache.view(-1, num_kv_heads, head_dim)
-    k_slots.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_slots.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    """Token ``t``'s key and value ``(tokens, kv_heads, head_dim)`` into slot
+    ``slot_mapping[t]`` of the caches, quantized when the caches are
+    (:mod:`~metrale_kernels.reference.kv_quantization`)."""
+    write_slots(k_cache, slot_mapping, key)
+    write_slots(v_cache, slot_mapping, value)
 
 
 def decode_plan(metadata: AttentionMetadata, sliding_window: int | None) -> DecodePlan:
@@ -237,6 +252,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     group_size(q.shape[1], k_cache.shape[2])
+    check_cache_shape(q, k_cache, v_cache)
     check_sliding_window(sliding_window)
     plan = decode_plan(metadata, sliding_window)
     if out is None:
@@ -263,7 +279,7 @@ def prefill_attention(
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
         # (kv_heads, group, keys, head_dim); the group dim is a stride-0 view, not a copy.
-        context = cache.index_select(0, plan.block_ids).flatten(0, 1)[plan.span].to(q.dtype)
+        context = gather_blocks(cache, plan.block_ids).flatten(0, 1)[plan.span].to(q.dtype)
         return context.transpose(0, 1)[:, None].expand(-1, group, -1, -1)
 
     # (kv_heads, group, query_len, head_dim): query head h reads kv head h // group.
@@ -287,8 +303,8 @@ def _decode_group(
     num_kv_heads = k_cache.shape[2]
     shape = (num_rows, plan.num_keys, num_kv_heads, head_dim)
     # (rows, keys, kv_heads, head_dim): fresh copies, so zeroing padding is safe.
-    keys = k_cache.index_select(0, plan.block_ids).view(shape)
-    values = v_cache.index_select(0, plan.block_ids).view(shape)
+    keys = gather_blocks(k_cache, plan.block_ids).view(shape)
+    values = gather_blocks(v_cache, plan.block_ids).view(shape)
     if plan.span is not None:
         lo, hi = plan.span
         keys, values = keys[:, lo:hi], values[:, lo:hi]

@@ -15,7 +15,9 @@ import attrs
 import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata
+from metrale_kernels.reference.kv_quantization import gather_blocks
 from metrale_kernels.reference.paged_attention import (
+    check_cache_shape,
     check_sliding_window,
     first_visible,
     group_size,
@@ -71,13 +73,14 @@ def plan_span_groups(
 def _span(
     cache: torch.Tensor, metadata: AttentionMetadata, seq: int, start: int, width: int
 ) -> torch.Tensor:
-    """Keys ``[start, start + width)`` of ``seq`` as ``(kv_heads, width, dim)``; slots past its
-    context are zeros (never the cache's padding, which may hold anything)."""
+    """Keys ``[start, start + width)`` of ``seq`` as ``(kv_heads, width, dim)`` (dequantized
+    from a quantized cache); slots past its context are zeros (never the cache's padding, which
+    may hold anything)."""
     block_size = metadata.block_size
     stop = min(start + width, metadata.seq_lens[seq])
     first_block, last_block = start // block_size, (stop - 1) // block_size
     blocks = metadata.block_tables[seq, first_block : last_block + 1]
-    keys = cache.index_select(0, blocks).flatten(0, 1)
+    keys = gather_blocks(cache, blocks).flatten(0, 1)
     keys = keys[start - first_block * block_size : stop - first_block * block_size]
     if stop - start < width:
         keys = torch.cat((keys, keys.new_zeros((start + width - stop, *keys.shape[1:]))))
@@ -103,6 +106,7 @@ def row_invariant_attention(
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = group_size(num_heads, num_kv_heads)
+    check_cache_shape(q, k_cache, v_cache)
     tile = matmul_row_tile(q.dtype) or 1
     if out is None:
         out = torch.empty_like(q)

@@ -11,6 +11,7 @@ import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES, is_quantized_cache
 
 
 @attrs.frozen(kw_only=True)
@@ -32,8 +33,12 @@ def paged_batch(
     device: torch.device,
     block_size: int = 16,
     seed: int = 0,
+    kv_dtype: torch.dtype | None = None,
 ) -> PagedBatch:
-    """A ragged batch over shuffled cache blocks; every slot outside a context is NaN."""
+    """A ragged batch over shuffled cache blocks; every slot outside a context is NaN.
+
+    The caches are of ``kv_dtype`` (``dtype`` when None): a quantized one's rows hold the
+    scale bytes too, and its unwritten rows read as NaN (all bytes 0xFF)."""
     generator = torch.Generator().manual_seed(seed)
     blocks_per_seq = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3
@@ -49,9 +54,10 @@ def paged_batch(
         block_size=block_size,
         device=device,
     )
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    k_cache, v_cache = (
+        _nan_cache((num_blocks, block_size, num_kv_heads, head_dim), kv_dtype or dtype, device)
+        for _ in "kv"
+    )
     num_tokens = sum(seq_lens)
     keys = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
     values = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
@@ -69,12 +75,20 @@ def paged_batch(
     return PagedBatch(q=q.to(device, dtype), k_cache=k_cache, v_cache=v_cache, metadata=step)
 
 
+def _nan_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not is_quantized_cache(torch.empty(0, dtype=dtype)):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    rows = (*shape[:-1], shape[-1] + SCALE_BYTES)
+    return torch.full(rows, 0xFF, dtype=torch.uint8, device=device).view(dtype)
+
+
 def batch_invariance(
     backend: KernelBackend,
     dtype: torch.dtype,
     device: torch.device,
     num_others: tuple[int, ...] = (7, 63),
     query_lens: tuple[int, ...] = (1, 37),
+    kv_dtype: torch.dtype | None = None,
 ) -> bool:
     """Whether ``backend`` gives one sequence's decode and prefill rows bit-identical alone and
     among ``num_others`` other sequences of random lengths (its own inputs the same each time).
@@ -94,6 +108,7 @@ def batch_invariance(
                 dtype=dtype,
                 device=device,
                 seed=0,
+                kv_dtype=kv_dtype,
             )
             alone = paged_batch(
                 seq_lens=[1500],
@@ -104,6 +119,7 @@ def batch_invariance(
                 dtype=dtype,
                 device=device,
                 seed=0,
+                kv_dtype=kv_dtype,
             )
             # The same q and context for the sequence under test, wherever its blocks are.
             q = batch.q.clone()
@@ -122,5 +138,8 @@ def _copy_context(source: PagedBatch, target: PagedBatch) -> None:
     for column in range(-(-source.metadata.seq_lens[0] // source.metadata.block_size)):
         src = int(source.metadata.block_tables[0, column])
         dst = int(target.metadata.block_tables[0, column])
-        target.k_cache[dst] = source.k_cache[src]
-        target.v_cache[dst] = source.v_cache[src]
+        # (As bytes: torch cannot assign fp8 tensors.)
+        for role in ("k_cache", "v_cache"):
+            getattr(target, role).view(torch.uint8)[dst] = getattr(source, role).view(torch.uint8)[
+                src
+            ]

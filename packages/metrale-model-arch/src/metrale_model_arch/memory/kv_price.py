@@ -8,16 +8,32 @@ per token; with the paged DSA indexer, each DSA layer also stores its float32 in
 from __future__ import annotations
 
 from metrale_config import ModelConfig
+from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.registry import cache_specs
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int, *, indexer_paged: bool) -> int:
-    """Bytes one token occupies across every layer's cache at ``dtype_bytes`` per value."""
-    specs = cache_specs(config, indexer_paged=indexer_paged)
+def kv_bytes_per_token(
+    config: ModelConfig,
+    dtype_bytes: int,
+    *,
+    indexer_paged: bool,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+) -> int:
+    """Bytes one token occupies across every layer's cache at ``dtype_bytes`` per value (K/V
+    layers stored as ``kv_cache_dtype``)."""
+    specs = cache_specs(config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype)
     return sum(spec.paged_bytes_per_token(dtype_bytes) for spec in specs)
 
 
 def kv_bytes_per_block(
-    config: ModelConfig, dtype_bytes: int, block_size: int, *, indexer_paged: bool
+    config: ModelConfig,
+    dtype_bytes: int,
+    block_size: int,
+    *,
+    indexer_paged: bool,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
 ) -> int:
-    return block_size * kv_bytes_per_token(config, dtype_bytes, indexer_paged=indexer_paged)
+    per_token = kv_bytes_per_token(
+        config, dtype_bytes, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype
+    )
+    return block_size * per_token

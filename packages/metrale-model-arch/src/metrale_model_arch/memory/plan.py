@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import ModelConfig
+from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.memory.arena import buffer_arena_bytes
 from metrale_model_arch.memory.draft import (
     DraftInputs,
@@ -85,6 +86,8 @@ class PlanInputs:
     spec_on: bool = False
     indexer_paged: bool = True
     quantization: Quantization = Quantization.NONE
+    # How K/V attention layers store their cache (the draft model's pool keeps the serve dtype).
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
     # A speculative draft model to reserve for (its weights, and its own KV pool of as many
     # blocks as the target's).
     draft: DraftInputs | None = None
@@ -227,7 +230,12 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
     per_sequence = per_sequence_state_bytes(
         config, inputs.max_seq_len, inputs.spec_on, indexer_paged=inputs.indexer_paged
     )
-    per_token = kv_bytes_per_token(config, inputs.dtype_bytes, indexer_paged=inputs.indexer_paged)
+    per_token = kv_bytes_per_token(
+        config,
+        inputs.dtype_bytes,
+        indexer_paged=inputs.indexer_paged,
+        kv_cache_dtype=inputs.kv_cache_dtype,
+    )
     plan = MemoryPlan(
         inputs=inputs,
         max_batch_size=max_batch_size,

@@ -16,7 +16,13 @@ import click
 import torch
 
 from metrale_config import ModelConfig, model_config_from_hf_file
-from metrale_model_arch import Quantization, headless_config, read_model_config, resolve_model
+from metrale_model_arch import (
+    KvCacheDtype,
+    Quantization,
+    headless_config,
+    read_model_config,
+    resolve_model,
+)
 from metrale_model_arch.memory import (
     MemoryPlan,
     MemoryPlanError,
@@ -69,7 +75,9 @@ def run_memory(
     try:
         plan = plan_engine(engine_args, target, total_bytes=total)
     except (MemoryPlanError, PreflightError) as error:
-        _print_refusal(config, device, dtype, quantization, error, as_json=as_json)
+        _print_refusal(
+            config, device, dtype, quantization, error, as_json=as_json, kv_cache=engine_args
+        )
         return 1
     if as_json:
         click.echo(
@@ -123,9 +131,15 @@ def _print_refusal(
     error: Exception,
     *,
     as_json: bool,
+    kv_cache: EngineArgs,
 ) -> None:
     weights = weight_bytes(config, dtype.itemsize, quantization)
-    per_token = kv_bytes_per_token(config, dtype.itemsize, indexer_paged=indexer_paged())
+    per_token = kv_bytes_per_token(
+        config,
+        dtype.itemsize,
+        indexer_paged=indexer_paged(),
+        kv_cache_dtype=KvCacheDtype.parse(kv_cache.kv_cache_dtype),
+    )
     term = error.term if isinstance(error, MemoryPlanError) else "device"
     if as_json:
         document = {

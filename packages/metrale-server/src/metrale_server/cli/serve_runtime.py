@@ -48,7 +48,7 @@ from metrale_server.engine.engine import Engine
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.rank_setup import plan_engine, resolve_target
 from metrale_server.memory.host_memory import record_mem_available_at_start
-from metrale_server.memory.preflight import PreflightError, plan_log_lines
+from metrale_server.memory.preflight import PreflightError, kv_format, plan_log_lines
 from metrale_server.structured import GRAMMAR_BACKEND
 from metrale_server.tui.serve_dashboard import ServeDashboard, local_url
 
@@ -269,10 +269,11 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
             workers or "started by the launcher",
         )
     logger.info(
-        "KV pool: %d blocks x %d tokens (%.1f MiB)%s; allocation ledger: %.1f MiB live",
+        "KV pool: %d blocks x %d tokens (%.1f MiB, %s)%s; allocation ledger: %.1f MiB live",
         engine.num_kv_blocks,
         plan.inputs.block_size,
         plan.kv_pool_bytes / 2**20,
+        kv_format(plan.inputs),
         _prefix_caching_note(engine),
         engine.ledger.live_bytes() / 2**20,
     )

@@ -11,7 +11,13 @@ from typing import Protocol
 import torch
 
 from metrale_kernels import AttentionMetadata
-from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache, plain_allocator
+from metrale_model_arch import (
+    KvCacheDtype,
+    LoadedModel,
+    TensorAllocator,
+    allocate_kv_cache,
+    plain_allocator,
+)
 from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_model_arch.parallel import gather_vocab_logits
@@ -78,6 +84,7 @@ class ModelRunner:
         allocator: TensorAllocator = plain_allocator,
         seed: int = 0,
         indexer_paged: bool = True,
+        kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
         workers: WorkerChannel | None = None,
     ) -> None:
         self.loaded = loaded
@@ -98,6 +105,7 @@ class ModelRunner:
             device=loaded.device,
             allocator=allocator,
             indexer_paged=indexer_paged,
+            kv_cache_dtype=kv_cache_dtype,
         )
         # Per-sequence state that is not paged (linear attention, a flat indexer), one slot per
         # state slot of the scheduler; nothing for a model without such layers.

@@ -91,6 +91,7 @@ def build_runner(
         allocator=ledger.allocate,
         seed=args.seed,
         indexer_paged=plan.inputs.indexer_paged,
+        kv_cache_dtype=plan.inputs.kv_cache_dtype,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from metrale_config import ModelConfig, read_bool_lever
-from metrale_model_arch import Quantization, read_model_config, resolve_model
+from metrale_model_arch import KvCacheDtype, Quantization, read_model_config, resolve_model
 from metrale_model_arch.memory import (
     GLM5_NEXT_MODEL_TYPES,
     DraftInputs,
@@ -114,6 +114,7 @@ def plan_inputs(
         spec_on=args.speculative_config is not None,
         indexer_paged=paged,
         quantization=quantization,
+        kv_cache_dtype=KvCacheDtype.parse(args.kv_cache_dtype),
         draft=draft,
     )
 
@@ -178,6 +179,18 @@ def weight_format(inputs: PlanInputs) -> str:
     return activations
 
 
+def kv_format(inputs: PlanInputs) -> str:
+    """``model dtype`` / ``int8 K/V + ...``: how K/V attention layers store the pool."""
+    if inputs.kv_cache_dtype is KvCacheDtype.AUTO:
+        return "model dtype"
+    return f"{inputs.kv_cache_dtype} K/V + a float16 scale per token and kv head"
+
+
+def _kv_format_note(inputs: PlanInputs) -> str:
+    """Nothing at the model dtype (the KV line as the Rust engine prints it), else the format."""
+    return "" if inputs.kv_cache_dtype is KvCacheDtype.AUTO else f", {kv_format(inputs)}"
+
+
 def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
     """The boot log of the plan: one line per owner, then the KV line."""
     inputs = plan.inputs
@@ -236,7 +249,7 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         f"= {_gb(plan.budget_bytes)} GiB budget; {_gb(plan.pre_kv_bytes)} GiB weights + "
         f"{_gb(plan.reserve_bytes)} GiB reserve -> {_gb(plan.kv_pool_bytes)} GiB for KV -> "
         f"{plan.kv_blocks} blocks x {inputs.block_size} tok/block = {plan.max_kv_tokens} max "
-        f"KV tokens ({plan.kv_bytes_per_token} B/token)"
+        f"KV tokens ({plan.kv_bytes_per_token} B/token{_kv_format_note(inputs)})"
     )
     return lines
 

@@ -34,4 +34,5 @@ def memory_report(plan: MemoryPlan, ledger: MemoryLedger, device: torch.device) 
         kv_bytes_per_token=plan.kv_bytes_per_token,
         plan_by_owner=plan.by_owner(),
         ledger_by_owner=ledger.live_bytes_by_owner(),
+        kv_cache_dtype=str(inputs.kv_cache_dtype),
     )
