@@ -165,8 +165,10 @@ class ModelConfig:
     # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
     gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None
-    # Clamp of the SwiGLU gate/up activations (glm5_next); None means unclamped.
+    # Clamp of the SwiGLU gate/up activations (glm5_next, gpt_oss); None means unclamped.
     swiglu_limit: float | None = None
+    # gpt_oss's SwiGLU: ``(up + 1) * gate * sigmoid(alpha * gate)``; None means plain SiLU.
+    swiglu_alpha: float | None = None
     # The dense families' departures from llama (olmo2, granite, smollm3, phi3, gemma2/3).
     norm_layout: NormLayout = NormLayout.PRE
     # Gemma's RMSNorm scales by ``1 + weight``.

@@ -12,6 +12,7 @@ from metrale_model_arch.counts.deepseek import deepseek_param_counts
 from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
+from metrale_model_arch.counts.gpt_oss import gpt_oss_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.families.base import CausalLM
@@ -20,6 +21,7 @@ from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
 from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
+from metrale_model_arch.families.gpt_oss import GptOssForCausalLM, gpt_oss_checkpoint_mapping
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
 from metrale_model_arch.families.qwen3_moe import (
@@ -86,6 +88,16 @@ DEEPSEEK_V2 = Architecture(
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.MLA}),
 )
+# Eager only (attention sinks on the row-invariant torch path, gpt-oss's biased MoE).
+GPT_OSS = Architecture(
+    model_type="gpt_oss",
+    module=GptOssForCausalLM,
+    checkpoint_mapping=gpt_oss_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=gpt_oss_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
+)
 SLIDING = frozenset({Trait.SLIDING_WINDOW})
 # Eager only, no GGUF, no int8 path (see ``families.dense_variants``).
 DENSE_VARIANT = Architecture(
@@ -118,6 +130,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         GLM4_MOE,
         DEEPSEEK_V2,
         attrs.evolve(DEEPSEEK_V2, model_type="deepseek_v3"),
+        GPT_OSS,
         GLM5_NEXT,
         attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
         *(

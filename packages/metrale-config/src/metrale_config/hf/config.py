@@ -22,6 +22,7 @@ from metrale_config.hf.dense_families import (
 )
 from metrale_config.hf.fp8_quantization import parse_fp8_quantization
 from metrale_config.hf.glm5_next import parse_glm5_next
+from metrale_config.hf.gpt_oss import parse_gpt_oss
 from metrale_config.hf.llama_like import parse_llama_like
 from metrale_config.hf.moe import parse_glm4_moe, parse_mixtral, parse_qwen3_moe
 from metrale_config.hf.quantization import parse_int4_quantization
@@ -48,6 +49,7 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "phi3": parse_phi3,
     "gemma2": parse_gemma2,
     "gemma3_text": parse_gemma3_text,
+    "gpt_oss": parse_gpt_oss,
 }
 
 

@@ -113,6 +113,14 @@ DEFAULTS = {
         sliding_window=4096,
         tie_word_embeddings=True,
     ),
+    "gpt_oss": FamilyDefaults(
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=150000.0,
+        head_dim=64,
+        num_key_value_heads=8,
+        sliding_window=128,
+    ),
 }
 
 _SLIDING_LAYER_TYPES = {FULL.value: FULL, SLIDING.value: SLIDING}

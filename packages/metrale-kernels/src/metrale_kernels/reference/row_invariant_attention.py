@@ -97,12 +97,15 @@ def row_invariant_attention(
     *,
     out: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``q (tokens, heads, dim)`` over the paged caches; ``out`` (or a new tensor) returned.
 
     ``softcap`` (gemma2, which no kernel backend computes): scores become
     ``softcap * tanh(scores / softcap)`` before the mask, and the softmax runs in float32, as
-    transformers' eager attention does."""
+    transformers' eager attention does. ``sinks`` (gpt-oss, ``(heads,)``): one more logit per
+    head in each row's softmax, whose probability is dropped (the row's weights sum below one);
+    the softmax runs in float32 too."""
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = group_size(num_heads, num_kv_heads)
@@ -130,7 +133,11 @@ def row_invariant_attention(
             scores = scores.div_(softcap).tanh_().mul_(softcap)
         hidden = ~span.visible.repeat_interleave(group, 0)
         scores[:, : num_rows * group].masked_fill_(hidden, float("-inf"))
-        if softcap is None:
+        if sinks is not None:
+            sink = _sink_column(sinks, num_kv_heads, num_rows, scores.shape[1])
+            scores = torch.cat((scores.float(), sink), -1)
+            probs = torch.softmax(scores, dim=-1)[..., :-1].to(q.dtype)
+        elif softcap is None:
             probs = torch.softmax(scores, dim=-1)
         else:
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -138,3 +145,12 @@ def row_invariant_attention(
         attended = attended.view(num_kv_heads, num_rows, group, head_dim).permute(1, 0, 2, 3)
         out.index_copy_(0, span.rows, attended.reshape(num_rows, num_heads, head_dim))
     return out
+
+
+def _sink_column(
+    sinks: torch.Tensor, num_kv_heads: int, num_rows: int, padded: int
+) -> torch.Tensor:
+    """``(kv_heads, padded, 1)`` float32: query row ``r * group + g`` of kv head ``k`` is head
+    ``k * group + g`` and takes its sink; the padding rows take zeros."""
+    column = sinks.float().view(num_kv_heads, -1).repeat(1, num_rows)
+    return torch.nn.functional.pad(column, (0, padded - column.shape[1]))[..., None]

@@ -20,6 +20,7 @@ from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.fp8_checkpoints import fp8_checkpoint_tensors
 from metrale_model_arch.loading.int4_checkpoints import int4_checkpoint_tensors
+from metrale_model_arch.loading.mxfp4_checkpoints import MXFP4, mxfp4_checkpoint_tensors
 from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
 from metrale_model_arch.q4_1_blocks import Q4_1Blocks
@@ -128,19 +129,26 @@ def checkpoint_tensors(
     read: Iterable[tuple[str, torch.Tensor]], config: ModelConfig
 ) -> Iterable[tuple[str, torch.Tensor | Q4_1Blocks]]:
     """The tensors ``read`` as the model takes them: an int4 checkpoint's projections as
-    blocks, an fp8 checkpoint's weights dequantized, any other checkpoint's as stored."""
+    blocks, an fp8 or mxfp4 checkpoint's weights dequantized, any other checkpoint's as stored."""
     if config.int4_quantization is not None:
         return int4_checkpoint_tensors(read, config)
     if config.fp8_quantization is not None:
         return fp8_checkpoint_tensors(read, config)
+    if config.quantization_method == MXFP4:
+        return mxfp4_checkpoint_tensors(read)
     return read
 
 
 def quantized_checkpoint_error(config: ModelConfig, options: LoadOptions) -> str | None:
     """Why ``config``'s ``quantization_config`` cannot be loaded with ``options``, or None: AWQ
-    and GPTQ int4 (:mod:`~metrale_model_arch.loading.int4_checkpoints`) and FP8 e4m3
-    (:mod:`~metrale_model_arch.loading.fp8_checkpoints`) are read, on one rank."""
+    and GPTQ int4 (:mod:`~metrale_model_arch.loading.int4_checkpoints`), FP8 e4m3
+    (:mod:`~metrale_model_arch.loading.fp8_checkpoints`) and gpt-oss's MXFP4
+    (:mod:`~metrale_model_arch.loading.mxfp4_checkpoints`) are read, on one rank."""
     if config.quantization_method is None:
+        return None
+    if config.quantization_method == MXFP4:
+        if config.model_type != "gpt_oss":
+            return f"mxfp4 checkpoints are read for gpt_oss only, not {config.model_type}"
         return None
     if config.fp8_quantization is not None:
         if options.shard is not None and options.shard.world_size > 1:
@@ -149,7 +157,7 @@ def quantized_checkpoint_error(config: ModelConfig, options: LoadOptions) -> str
     if config.int4_quantization is None:
         return (
             f"quantization_config.quant_method {config.quantization_method!r} is not supported "
-            "for safetensors checkpoints (supported: awq, gptq, fp8, compressed-tensors fp8)"
+            "for safetensors checkpoints (supported: awq, gptq, fp8, compressed-tensors fp8, mxfp4)"
         )
     if (error := int4_support_error(config)) is not None:
         return error

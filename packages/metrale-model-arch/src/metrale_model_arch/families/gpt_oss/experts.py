@@ -1,0 +1,84 @@
+"""gpt-oss's MoE block: a router with a bias whose top-k logits are softmaxed into the weights,
+and experts with biases whose SwiGLU is clamped and shifted.
+
+The experts keep transformers' layout: ``gate_up_proj (experts, hidden, 2 * inter)`` with the
+gate and up columns interleaved (gate at even columns, up at odd), ``down_proj (experts,
+inter, hidden)``, multiplied from the left (``x @ w + b``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from metrale_config import ModelConfig, MoeConfig
+from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """``(up + 1) * gate * sigmoid(alpha * gate)`` for interleaved ``gate_up (..., 2 * inter)``,
+    the gate clamped to ``<= limit`` and up to ``[-limit, limit]``."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+class TopKRouter(nn.Module):
+    """The router's weight and bias, loaded and applied in float32."""
+
+    def __init__(self, hidden_size: int, moe: MoeConfig) -> None:
+        super().__init__()
+        self.top_k = moe.num_experts_per_tok
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(moe.num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x (tokens, hidden)`` -> ``(tokens, top_k)`` float32 weights and int64 expert ids."""
+        logits = torch.nn.functional.linear(x.float(), self.weight.float(), self.bias.float())
+        top_logits, ids = torch.topk(logits, self.top_k, dim=-1)
+        return top_logits.softmax(dim=-1), ids
+
+
+class BiasedExperts(nn.Module):
+    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        hidden, inter, num_experts = config.hidden_size, moe.moe_intermediate_size, moe.num_experts
+        assert config.swiglu_alpha is not None
+        assert config.swiglu_limit is not None
+        self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * inter))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
+
+    def forward(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """``sum_k weights[t, k] * expert_{ids[t, k]}(hidden[t])``, summed in float32 in
+        expert order (a token's sum does not depend on the other tokens of the step)."""
+        # On the CPU each expert's rows are padded to whole row tiles (row invariance).
+        tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
+        out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        for expert in sorted(set(ids.flatten().tolist())):
+            tokens, slots = torch.where(ids == expert)
+            gate_up = row_invariant_linear(
+                hidden[tokens], self.gate_up_proj[expert].t(), self.gate_up_proj_bias[expert], tile
+            )
+            activated = clamped_swiglu(gate_up, self.alpha, self.limit)
+            expert_out = row_invariant_linear(
+                activated, self.down_proj[expert].t(), self.down_proj_bias[expert], tile
+            )
+            out.index_add_(0, tokens, expert_out.float() * weights[tokens, slots, None])
+        return out.to(hidden.dtype)
+
+
+class GptOssMoeBlock(nn.Module):
+    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        self.router = TopKRouter(config.hidden_size, moe)
+        self.experts = BiasedExperts(config, moe)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.router(hidden)
+        out: torch.Tensor = self.experts(hidden, weights, ids)
+        return out
