@@ -3,6 +3,7 @@
     python benches/spec_decode.py [--num-speculative-tokens 4] [--repeats 3] [--eager]
     python benches/spec_decode.py --method draft_model [--draft-model PATH]
         [--quantization none] [--draft-quantization int8]
+    python benches/spec_decode.py --method mtp --model PATH
 
 Two workloads, each request run alone (batch 1) through ``metrale_server.LLM`` with its
 defaults (weights in the checkpoint's format, ``--quantization auto``: the bundled Q4_1 GGUF
@@ -18,6 +19,11 @@ acceptance rate, and checks the outputs are identical token for token.
 ``--method draft_model`` drafts with ``--draft-model`` (default: the bundled model itself) in
 ``--draft-quantization``; with no smaller model of SmolLM2's tokenizer on this machine, the
 default pairing is the model in ``--quantization none`` (float32) drafted by itself in int8.
+
+``--method mtp`` drafts with the MTP layer of ``--model`` (a checkpoint that carries one, e.g.
+a tiny random glm4_moe: with no trained MTP head here, its acceptance says nothing, and the
+number to read is the step cost: the time of a speculative step (the MTP layer's drafts and
+the target's verify forward over them) over a plain decode step's).
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager", action="store_true", help="no compiled layer steps")
-    parser.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
+    parser.add_argument("--method", choices=("ngram", "draft_model", "mtp"), default="ngram")
+    parser.add_argument("--model", default=None, help="the target; default: the bundled model")
     parser.add_argument("--draft-model", default=None, help="default: the bundled model")
     parser.add_argument("--quantization", default="auto", help="the target's --quantization")
     parser.add_argument("--draft-quantization", default="int8")
@@ -73,6 +80,8 @@ def main() -> None:
             num_speculative_tokens=args.num_speculative_tokens,
             prompt_lookup_max=args.num_speculative_tokens,
         )
+    elif args.method == "mtp":
+        config = SpeculativeConfig(method="mtp", num_speculative_tokens=args.num_speculative_tokens)
     else:
         config = SpeculativeConfig(
             method="draft_model",
@@ -81,8 +90,8 @@ def main() -> None:
             quantization=args.draft_quantization,
         )
     common = {"max_batch_size": 1, "enforce_eager": args.eager, "quantization": args.quantization}
-    plain = LLM(None, **common)
-    speculative = LLM(None, speculative_config=config, **common)
+    plain = LLM(args.model, **common)
+    speculative = LLM(args.model, speculative_config=config, **common)
     for llm in (plain, speculative):
         if llm.engine.core.compiler is not None:
             llm.engine.core.compiler.wait()
@@ -120,10 +129,14 @@ def main() -> None:
         plain_rate = num_output / min(times["plain"])
         spec_rate = num_output / min(times[args.method])
         same = sum(a == b for a, b in zip(outputs["plain"], outputs[args.method], strict=True))
+        # Each step emits its kept drafts and one more token: fewer steps than tokens.
+        num_steps = num_output - accepted / args.repeats
+        step_cost = (min(times[args.method]) / num_steps) / (min(times["plain"]) / num_output)
         print(
             f"{name:15s} plain {plain_rate:6.1f} tok/s  {args.method} {spec_rate:6.1f} tok/s  "
             f"speed-up {spec_rate / plain_rate:.2f}x  acceptance {accepted}/{drafted} "
-            f"({accepted / max(drafted, 1):.0%})  identical outputs {same}/{len(prompts)}"
+            f"({accepted / max(drafted, 1):.0%})  step cost {step_cost:.2f}x a plain step  "
+            f"identical outputs {same}/{len(prompts)}"
         )
 
 

@@ -1,5 +1,6 @@
 """Parity of ``glm4_moe`` (GLM-4.5 / 4.6) with transformers on tiny random checkpoints (every
-parameter and the routing correction bias randomized, float32), and its MTP layers loaded."""
+parameter and the routing correction bias randomized, float32), its MTP layers loaded, and the
+first run as its formula says."""
 
 from __future__ import annotations
 
@@ -11,25 +12,30 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from metrale_testing import paged_greedy, transformers_greedy
-from safetensors.torch import load_file, save_file
+from metrale_testing import paged_greedy, save_tiny_glm4_moe, transformers_greedy
+from safetensors.torch import load_file
 
 from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
-from metrale_model_arch import LoadOptions
+from metrale_kernels import build_attention_metadata
+from metrale_model_arch import LoadOptions, allocate_kv_cache
 from metrale_model_arch.build import CheckpointError
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.families.compiled_steps import can_compile
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, Glm4MoeMtpLayer
 from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
 from metrale_model_arch.families.native_steps import native_executor
+from metrale_model_arch.kv_cache import allocate_layer_cache
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
+from metrale_model_arch.memory import mtp_cache_spec, mtp_kv_bytes_per_token
 from metrale_model_arch.memory.weights import MTP, weight_bytes, weight_owner
+from metrale_model_arch.owners import DRAFT_KV_POOL
 from metrale_model_arch.registry import family_for
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 256
 BLOCK_SIZE = 4
+PROMPT_LEN = 13
 NUM_GREEDY_TOKENS = 32
 PROMPT_LENS = (1, 7, 13, 26)
 SMALL = {
@@ -90,50 +96,6 @@ class Checkpoint:
     hf_model: Any
     prompts: dict[int, list[int]]
     mtp_tensors: dict[str, torch.Tensor]
-
-
-def save_tiny_glm4_moe(path: Path, seed: int = 0, **kwargs: Any) -> Any:
-    """Save a random ``Glm4MoeForCausalLM`` (parameters and correction biases) plus random MTP
-    layers named as GLM-4.5 names them; returns the transformers model."""
-    hf_model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**kwargs)).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*hf_model.named_parameters(), *hf_model.named_buffers()]:
-            if "rotary_emb" in name:
-                continue
-            noise = torch.randn(tensor.shape, generator=generator)
-            tensor.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
-    hf_model.save_pretrained(path, safe_serialization=True)
-    add_mtp_layers(path, hf_model.config, generator)
-    return hf_model
-
-
-def add_mtp_layers(path: Path, hf_config: Any, generator: torch.Generator) -> None:
-    """Append ``num_nextn_predict_layers`` random MTP layers to ``model.safetensors``: the last
-    layer's tensors renumbered (a sparse block), ``enorm``, ``hnorm``, ``eh_proj``,
-    ``shared_head.norm``; the first also with copies of the embedding and the head."""
-    file = path / "model.safetensors"
-    tensors = load_file(file)
-    num_layers, hidden = hf_config.num_hidden_layers, hf_config.hidden_size
-    last = f"model.layers.{num_layers - 1}."
-    for k in range(hf_config.num_nextn_predict_layers):
-        prefix = f"model.layers.{num_layers + k}."
-        shapes = {
-            prefix + name[len(last) :]: tensor.shape
-            for name, tensor in tensors.items()
-            if name.startswith(last)
-        }
-        for name in ("enorm", "hnorm", "shared_head.norm"):
-            shapes[f"{prefix}{name}.weight"] = torch.Size([hidden])
-        shapes[f"{prefix}eh_proj.weight"] = torch.Size([hidden, 2 * hidden])
-        for name, shape in shapes.items():
-            noise = torch.randn(shape, generator=generator)
-            tensors[name] = 1.0 + 0.2 * noise if "norm" in name else 0.2 * noise
-        if k == 0:
-            embedding = tensors["model.embed_tokens.weight"]
-            tensors[f"{prefix}embed_tokens.weight"] = embedding.clone()
-            tensors[f"{prefix}shared_head.head.weight"] = embedding.clone()
-    save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -224,7 +186,7 @@ def test_mtp_layers_are_loaded_and_owned(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="metrale.load"):
         model = load(checkpoint, torch.bfloat16)
-    assert "kept for MTP speculation (issue 34) and unused until then" in caplog.text
+    assert "MTP layer(s) loaded (weights.mtp) for MTP speculation" in caplog.text
     config = checkpoint.config
     assert config.mtp is not None
     assert len(model.model.mtp_layers) == config.mtp.num_layers
@@ -352,3 +314,135 @@ def test_the_published_glm_4_5_plan_is_within_one_percent_of_its_size() -> None:
     weights = weight_bytes(config, 2)
     assert abs(weights.total() / GLM_4_5_CHECKPOINT_BYTES - 1) < 0.01
     assert weights.by_owner()[MTP] == 2 * counts.mtp + 4 * counts.mtp_fp32
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def hf_block(hf_model: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
+    """transformers' sparse decoder layer holding the MTP block's weights (experts fused)."""
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
+
+    config = hf_model.config
+    own = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+    experts = range(config.n_routed_experts)
+    state = {name: t for name, t in own.items() if not name.startswith("mlp.experts.")}
+    state["mlp.experts.gate_up_proj"] = torch.stack(
+        [
+            torch.cat([own[f"mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up")])
+            for e in experts
+        ]
+    )
+    state["mlp.experts.down_proj"] = torch.stack(
+        [own[f"mlp.experts.{e}.down_proj.weight"] for e in experts]
+    )
+    block = Glm4MoeDecoderLayer(config, config.num_hidden_layers - 1).eval()
+    missing, _ = block.load_state_dict(state, strict=False)
+    assert not missing
+    return block
+
+
+def reference_mtp(
+    hf_model: Any, path: Path, ids: list[int], previous: torch.Tensor, first_position: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h', logits)`` of MTP layer 0 over ``ids`` after ``previous``, from position
+    ``first_position``, attending causally over these rows only."""
+    config = hf_model.config
+    prefix = f"model.layers.{config.num_hidden_layers}."
+    tensors = load_file(path / "model.safetensors")
+    eps = config.rms_norm_eps
+    embeds = tensors["model.embed_tokens.weight"][ids]
+    joined = torch.cat(
+        [
+            rms(embeds, tensors[prefix + "enorm.weight"], eps),
+            rms(previous, tensors[prefix + "hnorm.weight"], eps),
+        ],
+        dim=-1,
+    )
+    x = (joined @ tensors[prefix + "eh_proj.weight"].T)[None]
+    positions = torch.arange(first_position, first_position + len(ids))[None]
+    n = len(ids)
+    causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    out = hf_block(hf_model, tensors, prefix)(
+        x,
+        attention_mask=causal,
+        position_ids=positions,
+        position_embeddings=hf_model.model.rotary_emb(x, positions),
+    )
+    hidden = (out[0] if isinstance(out, tuple) else out)[0]
+    head = hf_model.lm_head.weight
+    return hidden, rms(hidden, tensors[prefix + "shared_head.norm.weight"], eps) @ head.T
+
+
+@torch.inference_mode()
+def test_mtp_forward_matches_the_formula(checkpoint: Checkpoint) -> None:
+    """MTP layer 0 against h' = Block(eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)])) and
+    logits = lm_head(shared_head.norm(h')) written in plain torch over the saved tensors (the
+    block: transformers' decoder layer holding the MTP block's weights; ``h_i``: transformers'
+    final hidden states), through two chunks and one draft step on its own paged cache in
+    scattered blocks."""
+    path, hf_model, config = checkpoint.path, checkpoint.hf_model, checkpoint.config
+    model = load(checkpoint)
+    prompt = torch.randint(VOCAB_SIZE, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3))
+    target = hf_model.model(prompt[None]).last_hidden_state[0]
+    # Ours: the target's own forward gives h_i; the layer runs in two chunks, then a draft.
+    kv = allocate_kv_cache(
+        config, num_blocks=8, block_size=BLOCK_SIZE, dtype=torch.float32, device="cpu"
+    )
+    positions = torch.arange(PROMPT_LEN)
+    hidden = model(prompt, positions, kv, metadata([0, 1, 2, 3], PROMPT_LEN, PROMPT_LEN))
+    torch.testing.assert_close(hidden, target, atol=1e-4, rtol=0)
+    cache = allocate_layer_cache(
+        mtp_cache_spec(config),
+        num_blocks=8,
+        block_size=BLOCK_SIZE,
+        dtype=torch.float32,
+        device="cpu",
+        owner=DRAFT_KV_POOL,
+    )
+    assert (
+        cache.num_bytes
+        == 8 * BLOCK_SIZE * mtp_kv_bytes_per_token(config, 4)
+        == 8 * BLOCK_SIZE * 256
+    )
+    table = [6, 1, 7, 3]  # scattered blocks
+    split = 5
+    first = model.forward_mtp(
+        prompt[1 : split + 1],
+        hidden[:split],
+        positions[:split],
+        cache[0],
+        metadata(table, split, split),
+    )
+    rest = model.forward_mtp(
+        prompt[split + 1 :],
+        hidden[split:-1],
+        positions[split:-1],
+        cache[0],
+        metadata(table, PROMPT_LEN - 1, PROMPT_LEN - 1 - split),
+    )
+    ours = torch.cat([first, rest])
+    ids = prompt[1:].tolist()
+    expected, expected_logits = reference_mtp(hf_model, path, ids, target[:-1], 0)
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    logits = model.compute_mtp_logits(ours)
+    torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=0)
+    # A draft: the layer again, one position on, over its own output and its argmax.
+    draft = int(logits[-1].argmax())
+    again = model.forward_mtp(
+        torch.tensor([draft]), ours[-1:], positions[-1:], cache[0], metadata(table, PROMPT_LEN, 1)
+    )
+    chained, chained_logits = reference_mtp(
+        hf_model, path, [*ids, draft], torch.cat([target[:-1], expected[-1:]]), 0
+    )
+    torch.testing.assert_close(again[0], chained[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        model.compute_mtp_logits(again)[0], chained_logits[-1], atol=1e-4, rtol=0
+    )
+
+
+def metadata(table: list[int], seq_len: int, query_len: int) -> Any:
+    return build_attention_metadata(
+        block_tables=[table], seq_lens=[seq_len], query_lens=[query_len], block_size=BLOCK_SIZE
+    )

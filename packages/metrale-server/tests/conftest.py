@@ -76,3 +76,39 @@ def save_tiny_glm5(
     model.save_pretrained(path)
     default_tokenizer.save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_glm4_moe_dir(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
+) -> Path:
+    """A 2-layer random GLM-4.5 (a dense layer, then MoE; partial rotary, q/k norms) with one
+    random MTP layer, over SmolLM2's vocabulary."""
+    from metrale_testing import save_tiny_glm4_moe
+
+    path = tmp_path_factory.mktemp("tiny-glm4-moe")
+    save_tiny_glm4_moe(
+        path,
+        vocab_size=default_tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        use_qk_norm=True,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=512,
+        num_nextn_predict_layers=1,
+        bos_token_id=default_tokenizer.bos_token_id,
+        eos_token_id=default_tokenizer.eos_token_id,
+        pad_token_id=0,
+    )
+    default_tokenizer.save(path)
+    return path

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from metrale_model_arch import Tokenizer
 
 
@@ -62,3 +64,53 @@ def save_random_model(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save(path)
     return path
+
+
+def save_tiny_glm4_moe(path: Path, seed: int = 0, **kwargs: Any) -> Any:
+    """Save a random ``Glm4MoeForCausalLM`` (parameters and correction biases) plus random MTP
+    layers named as GLM-4.5 names them; returns the transformers model."""
+    import torch
+    import transformers
+
+    hf_model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**kwargs)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*hf_model.named_parameters(), *hf_model.named_buffers()]:
+            if "rotary_emb" in name:
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            tensor.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+    hf_model.save_pretrained(path, safe_serialization=True)
+    add_mtp_layers(path, hf_model.config, generator)
+    return hf_model
+
+
+def add_mtp_layers(path: Path, hf_config: Any, generator: torch.Generator) -> None:
+    """Append ``num_nextn_predict_layers`` random MTP layers to ``model.safetensors``: the last
+    layer's tensors renumbered (a sparse block), ``enorm``, ``hnorm``, ``eh_proj``,
+    ``shared_head.norm``; the first also with copies of the embedding and the head."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    num_layers, hidden = hf_config.num_hidden_layers, hf_config.hidden_size
+    last = f"model.layers.{num_layers - 1}."
+    for k in range(hf_config.num_nextn_predict_layers):
+        prefix = f"model.layers.{num_layers + k}."
+        shapes = {
+            prefix + name[len(last) :]: tensor.shape
+            for name, tensor in tensors.items()
+            if name.startswith(last)
+        }
+        for name in ("enorm", "hnorm", "shared_head.norm"):
+            shapes[f"{prefix}{name}.weight"] = torch.Size([hidden])
+        shapes[f"{prefix}eh_proj.weight"] = torch.Size([hidden, 2 * hidden])
+        for name, shape in shapes.items():
+            noise = torch.randn(shape, generator=generator)
+            tensors[name] = 1.0 + 0.2 * noise if "norm" in name else 0.2 * noise
+        if k == 0:
+            embedding = tensors["model.embed_tokens.weight"]
+            tensors[f"{prefix}embed_tokens.weight"] = embedding.clone()
+            tensors[f"{prefix}shared_head.head.weight"] = embedding.clone()
+    save_file({n: t.contiguous() for n, t in tensors.items()}, file, metadata={"format": "pt"})

@@ -9,8 +9,10 @@ import attrs
 
 from metrale_server.arg_choices import QUANTIZATION_CHOICES
 
-METHODS = ("ngram", "draft_model")
-NOT_BUILT_METHODS = ("mtp", "eagle", "medusa")
+METHODS = ("ngram", "draft_model", "mtp")
+# vLLM's older names for method mtp, accepted as it accepts them.
+MTP_ALIASES = ("deepseek_mtp", "glm4_moe_mtp")
+NOT_BUILT_METHODS = ("eagle", "eagle3", "medusa")
 KEYS = (
     "method",
     "num_speculative_tokens",
@@ -23,6 +25,10 @@ INTEGER_KEYS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_ma
 MAX_SPECULATIVE_TOKENS = 16
 
 
+def _canonical_method(method: str) -> str:
+    return "mtp" if method in MTP_ALIASES else method
+
+
 @attrs.frozen(kw_only=True)
 class SpeculativeConfig:
     """Each decode step proposes up to ``num_speculative_tokens`` tokens and one forward pass
@@ -32,10 +38,12 @@ class SpeculativeConfig:
     occurrence of the sequence's last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens;
     ``draft_model`` drafts greedily with the smaller model at ``model`` (a directory or GGUF
     file, as ``--model`` takes it), which must share the target's tokenizer, its weights in
-    ``quantization`` (as ``--quantization`` takes it; ``None``: the target's ``--quantization``).
+    ``quantization`` (as ``--quantization`` takes it; ``None``: the target's ``--quantization``);
+    ``mtp`` (vLLM's aliases ``deepseek_mtp`` and ``glm4_moe_mtp`` read as it) drafts greedily
+    with the model's own first multi-token-prediction layer, applied once per draft.
     """
 
-    method: str = "ngram"
+    method: str = attrs.field(default="ngram", converter=_canonical_method)
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -45,7 +53,7 @@ class SpeculativeConfig:
     def __attrs_post_init__(self) -> None:
         if self.method in NOT_BUILT_METHODS:
             raise ValueError(
-                f"method {self.method!r} is not built yet; this server has {' and '.join(METHODS)}"
+                f"method {self.method!r} is not built yet; this server has {', '.join(METHODS)}"
             )
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
@@ -70,6 +78,10 @@ class SpeculativeConfig:
                 f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
                 f"got {self.quantization!r}"
             )
+
+    @property
+    def is_mtp(self) -> bool:
+        return self.method == "mtp"
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:

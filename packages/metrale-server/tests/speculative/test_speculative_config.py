@@ -34,13 +34,20 @@ def test_a_draft_model_config_parses() -> None:
     assert quantized.quantization == "int8"
 
 
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "glm4_moe_mtp"])
+def test_mtp_and_its_vllm_aliases_parse(method: str) -> None:
+    config = SpeculativeConfig.from_json(f'{{"method": "{method}", "num_speculative_tokens": 2}}')
+    assert (config.method, config.num_speculative_tokens, config.model) == ("mtp", 2, None)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("{", "not valid JSON"),
         ("[]", "JSON object"),
         ('{"num_speculative_tokens": 2}', "method is required"),
-        ('{"method": "mtp"}', "not built yet; this server has ngram and draft_model"),
+        ('{"method": "eagle"}', "not built yet; this server has ngram, draft_model, mtp"),
+        ('{"method": "mtp", "model": "x"}', "model and quantization are for method draft_model"),
         ('{"method": "draft_model"}', "needs model"),
         ('{"method": "draft_model", "model": 3}', "model must be a string"),
         ('{"method": "beam"}', "method must be one of"),

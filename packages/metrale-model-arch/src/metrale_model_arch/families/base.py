@@ -65,3 +65,30 @@ class CausalLM(nn.Module):
         """``(n, hidden)`` final hidden states → ``(n, vocab_size)`` logits, written into
         ``out`` (``(n, vocab_size)``, the model's dtype) when given."""
         raise NotImplementedError
+
+    @property
+    def num_mtp_layers(self) -> int:
+        """Multi-token-prediction layers loaded beside the stack (0: the family runs none)."""
+        return 0
+
+    def forward_mtp(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The first MTP layer over ``(tokens,)`` rows: ``input_ids[j]`` is the token after
+        the position whose hidden state is ``previous_hidden[j]`` (the target's final hidden
+        state there, or this layer's own output one position earlier), at ``positions[j]``;
+        ``kv_cache`` is the layer's own paged cache, written in place. Returns the block's
+        output ``h'`` ``(tokens, hidden_size)``: ``compute_mtp_logits`` takes it, and so does
+        the next application as ``previous_hidden``."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP layers")
+
+    def compute_mtp_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``forward_mtp``'s ``h'`` → logits: the target's LM head over ``shared_head.norm``."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP layers")

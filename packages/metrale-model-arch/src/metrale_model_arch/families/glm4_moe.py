@@ -5,9 +5,10 @@ GLM's MoE (sigmoid scores with a float32 correction bias, group-limited top-k, s
 
 The checkpoint's multi-token-prediction layers (``model.layers.{num_hidden_layers + k}``:
 ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and one decoder block) are loaded into
-``model.mtp_layers`` and owned by ``weights.mtp`` in the memory plan. They are kept for MTP
-speculation (issue 34) and not run until then. A copy of the embedding or LM head inside an MTP
-layer is skipped: MTP uses the target's.
+``model.mtp_layers`` and owned by ``weights.mtp`` in the memory plan. MTP speculation runs the
+first (``forward_mtp``): h' = Block(eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)])), logits =
+lm_head(shared_head.norm(h')), with the target's embedding and LM head (a copy of either inside
+an MTP layer is skipped).
 
 Its layers are no llama layer (partial rotary, the MoE block): it runs eagerly, never through
 the compiled or native llama executors.
@@ -85,7 +86,7 @@ class Glm4MoeMtpLayer(Glm4MoeDecoderLayer):
     """One MTP layer's weights: its decoder block (this class's own attention, norms and MLP),
     ``enorm`` / ``hnorm`` over the next token's embedding and the target's hidden state,
     ``eh_proj (hidden, 2 * hidden)`` over their concatenation, and ``shared_head.norm`` before
-    the target's LM head. Loaded and owned here; the proposer that runs them is issue 34's."""
+    the target's LM head."""
 
     def __init__(
         self, config: ModelConfig, layer_index: int, is_sparse: bool, backend: KernelBackend
@@ -96,6 +97,19 @@ class Glm4MoeMtpLayer(Glm4MoeDecoderLayer):
         self.hnorm = RMSNorm(hidden, eps, backend)
         self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.shared_head = SharedHead(config, backend)
+
+    def forward_mtp(
+        self,
+        embeds: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        joined = torch.cat((self.enorm(embeds), self.hnorm(previous_hidden)), dim=-1)
+        out: torch.Tensor = self(self.eh_proj(joined), positions, cos_sin, kv_cache, metadata)
+        return out
 
 
 class Glm4MoeModel(nn.Module):
@@ -141,8 +155,7 @@ class Glm4MoeForCausalLM(CausalLM):
             self.lm_head.weight = self.model.embed_tokens.weight
         if config.mtp is not None:
             logger.info(
-                "glm4_moe: %d MTP layer(s) loaded (weights.mtp), kept for MTP speculation "
-                "(issue 34) and unused until then",
+                "glm4_moe: %d MTP layer(s) loaded (weights.mtp) for MTP speculation",
                 config.mtp.num_layers,
             )
 
@@ -167,6 +180,33 @@ class Glm4MoeForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return head_logits(self.lm_head, hidden, out)
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return len(self.model.mtp_layers)
+
+    def forward_mtp(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        embeds = self.model.embed_tokens(input_ids)
+        cos_sin = self.model.cos_sin_cache
+        return self._mtp_layer.forward_mtp(
+            embeds, previous_hidden, positions, cos_sin, kv_cache, metadata
+        )
+
+    def compute_mtp_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return head_logits(self.lm_head, self._mtp_layer.shared_head.norm(hidden), out)
+
+    @property
+    def _mtp_layer(self) -> Glm4MoeMtpLayer:
+        return cast("Glm4MoeMtpLayer", self.model.mtp_layers[0])
 
 
 def check_glm4_moe_config(config: ModelConfig) -> None:

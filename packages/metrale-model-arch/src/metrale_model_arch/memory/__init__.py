@@ -12,6 +12,8 @@ from metrale_model_arch.memory.draft import (
     draft_kv_bytes_per_token,
     draft_max_seq_len,
     draft_model_bytes,
+    mtp_cache_spec,
+    mtp_kv_bytes_per_token,
 )
 from metrale_model_arch.memory.dsa_state import (
     dsa_capacity,
@@ -84,6 +86,8 @@ __all__ = [
     "kv_bytes_per_token",
     "linear_state_bytes_per_slot",
     "linear_state_pool_bytes",
+    "mtp_cache_spec",
+    "mtp_kv_bytes_per_token",
     "paged_indexer_bytes_per_token",
     "param_counts",
     "per_sequence_state_bytes",

@@ -1,4 +1,6 @@
-"""A speculative draft model's memory: its weights (with its RoPE table) and its own KV pool.
+"""A speculative draft's memory: a draft model's weights (with its RoPE table), and the draft
+pool: a draft model's K/V, or the K/V of the target's own MTP layer (whose weights are the
+target's, owner ``weights.mtp``).
 
 The draft caches K/V in a paged pool of its own with as many blocks as the target's pool: a
 running sequence never needs more draft blocks than target blocks (the draft caches one
@@ -12,9 +14,11 @@ from __future__ import annotations
 import attrs
 
 from metrale_config import ModelConfig
+from metrale_model_arch.cache_spec import LayerCacheSpec
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.weights import weight_bytes
+from metrale_model_arch.registry import cache_specs
 from metrale_model_arch.weight_format import Quantization
 
 
@@ -40,3 +44,20 @@ def draft_model_bytes(draft: DraftInputs, dtype_bytes: int, max_seq_len: int) ->
 def draft_kv_bytes_per_token(draft: DraftInputs, dtype_bytes: int) -> int:
     """One token of the draft's paged K/V across its layers."""
     return kv_bytes_per_token(draft.config, dtype_bytes, indexer_paged=True)
+
+
+def mtp_cache_spec(config: ModelConfig) -> LayerCacheSpec:
+    """The paged cache of the MTP layer speculation runs (the first): a target layer's spec of
+    its type (layer 0's when the config names none), K/V at the serve dtype."""
+    if config.mtp is None:
+        raise ValueError(f"{config.source}: {config.model_type} has no MTP layers")
+    specs = cache_specs(config, indexer_paged=True)
+    kinds, layer_types = config.mtp.layer_types, config.layer_types
+    if kinds and kinds[0] in layer_types:
+        return specs[layer_types.index(kinds[0])]
+    return specs[0]
+
+
+def mtp_kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
+    """One token of the MTP layer's paged K/V (the draft pool of method ``mtp``)."""
+    return mtp_cache_spec(config).paged_bytes_per_token(dtype_bytes)

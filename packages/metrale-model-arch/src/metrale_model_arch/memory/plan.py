@@ -4,7 +4,8 @@
 gpu_memory_utilization``; from it come the weights, the reserve terms (per-sequence state for
 ``max_batch_size`` slots, the linear-attention state pool, the buffer arena, runtime headroom,
 and a speculative draft model's weights when one is planned) and what is left is the KV pool,
-in whole blocks (each also buying a draft model's block, when one is planned), clamped to
+in whole blocks (each also buying a draft block, when a draft model or the model's own MTP
+layer drafts: the draft pool), clamped to
 what ``max_batch_size`` full-length sequences can ever use and to ``kv_cache_max_bytes`` when
 set. A plan that cannot hold the weights, or the reserve plus one ``max_seq_len`` sequence of
 KV, raises :class:`MemoryPlanError` naming the term and the flags.
@@ -21,6 +22,7 @@ from metrale_model_arch.memory.draft import (
     DraftInputs,
     draft_kv_bytes_per_token,
     draft_model_bytes,
+    mtp_kv_bytes_per_token,
 )
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
@@ -91,6 +93,9 @@ class PlanInputs:
     # A speculative draft model to reserve for (its weights, and its own KV pool of as many
     # blocks as the target's).
     draft: DraftInputs | None = None
+    # Speculation by the model's own first MTP layer (its weights are the target's): its K/V
+    # in the draft pool, one draft block for each of the target's blocks.
+    mtp: bool = False
 
     @property
     def budget_bytes(self) -> int:
@@ -173,7 +178,7 @@ class MemoryPlan:
             **self.weights.by_owner(),
             ROPE_TABLE: self.rope_table_bytes,
             KV_POOL: self.kv_pool_bytes,
-            **({} if self.inputs.draft is None else {DRAFT_KV_POOL: self.draft_kv_pool_bytes}),
+            **({DRAFT_KV_POOL: self.draft_kv_pool_bytes} if self.draft_kv_bytes_per_token else {}),
             **_reserve_terms(self),
         }
 
@@ -271,6 +276,9 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             ),
             draft_kv_bytes_per_token=draft_kv_bytes_per_token(inputs.draft, inputs.dtype_bytes),
         )
+    if inputs.mtp:
+        per_draft_token = mtp_kv_bytes_per_token(config, inputs.dtype_bytes)
+        plan = attrs.evolve(plan, draft_kv_bytes_per_token=per_draft_token)
     if plan.pre_kv_bytes > budget:
         raise MemoryPlanError(
             f"the weights need {_gib(plan.pre_kv_bytes)} but the budget is {_budget(inputs)}; "

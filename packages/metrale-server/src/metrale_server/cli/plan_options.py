@@ -245,7 +245,8 @@ def plan_options(command: F) -> F:
             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (n-gram prompt lookup) or '
             '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a '
             "smaller model with the same tokenizer drafts; its weights and KV pool are "
-            "planned); off by default.",
+            'planned) or \'{"method": "mtp", "num_speculative_tokens": 1}\' (the model\'s own '
+            "multi-token-prediction layer drafts: glm4_moe); off by default.",
         ),
         click.option(
             "--tensor-parallel-size",

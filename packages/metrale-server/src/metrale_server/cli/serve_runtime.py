@@ -288,6 +288,8 @@ def log_boot(engine: Engine, args: ServeArgs) -> None:
         source = (
             f"draft model {speculative.model}"
             if speculative.model is not None
+            else "the model's MTP layer, its K/V in the draft pool"
+            if speculative.is_mtp
             else f"lookup n = {speculative.prompt_lookup_min}..{speculative.prompt_lookup_max}"
         )
         logger.info(

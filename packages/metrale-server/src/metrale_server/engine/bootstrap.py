@@ -3,7 +3,8 @@
 Order: resolve what is served (config, device, dtype) from files alone; plan memory (raising
 ``MemoryPlanError`` before anything loads when it does not fit); start the other ranks of a
 tensor-parallel group and tell them the plan; load this rank's model through the allocation
-ledger; allocate the KV pool and step arena; load the draft model; start the layer compiler.
+ledger; allocate the KV pool and step arena; load the draft model (or allocate the MTP
+proposer's draft pool); start the layer compiler.
 ``EngineCore`` receives the finished parts and builds nothing. ``met serve``, ``met
 generate``/``chat`` and ``LLM`` all go through here; the other ranks and ``met memory`` take
 the same steps (:mod:`~metrale_server.engine.rank_setup`) for their part.
@@ -34,7 +35,7 @@ from metrale_server.engine.rank_setup import (
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.pooling.model_task import resolve_model_task
-from metrale_server.speculative import DraftModelProposer, check_same_tokenizer
+from metrale_server.speculative import DraftModelProposer, MtpProposer, check_same_tokenizer
 from metrale_server.speculative.draft_model import draft_allocator
 
 
@@ -122,10 +123,11 @@ def _build_parts(
         runner.workers = parallel.channel
     if args.speculative_config is not None and runner.seq_states.allocations:
         raise ValueError(
-            "speculative decoding needs a model without per-sequence state "
-            f"({loaded.config.model_type} keeps some)"
+            "--speculative-config: speculative decoding needs a model without per-sequence "
+            f"state ({loaded.config.model_type} keeps some; rolling it back is not built yet)"
         )
     draft_proposer = _load_draft_proposer(args, loaded, plan, ledger)
+    mtp_proposer = _mtp_proposer(args, loaded, plan, ledger)
     # NOTE: the compiled layer steps would trace the collectives of a split model: eager.
     compiler = LayerCompiler.start_if_useful(
         loaded.model, enforce_eager=args.enforce_eager or parallel is not None
@@ -140,7 +142,26 @@ def _build_parts(
         parallel=parallel,
         rank_memory=rank_memory,
         draft_proposer=draft_proposer,
+        mtp_proposer=mtp_proposer,
         compiler=compiler,
+    )
+
+
+def _mtp_proposer(
+    args: EngineArgs, loaded: LoadedModel, plan: MemoryPlan, ledger: MemoryLedger
+) -> MtpProposer | None:
+    """The proposer of ``--speculative-config`` method mtp over the model's own MTP layer,
+    its draft pool allocated through the ledger; ``None`` for any other method."""
+    speculative = args.speculative_config
+    if speculative is None or not speculative.is_mtp:
+        return None
+    return MtpProposer(
+        loaded,
+        num_speculative_tokens=speculative.num_speculative_tokens,
+        num_slots=plan.max_batch_size,
+        num_blocks=plan.kv_blocks,
+        block_size=plan.inputs.block_size,
+        allocator=ledger.allocate,
     )
 
 

@@ -6,6 +6,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 import attrs
@@ -33,7 +34,7 @@ from metrale_server.pooling.model_task import ModelTask
 from metrale_server.sampling.output_room import OutputRoomError, fit_max_tokens
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.tensors import has_penalty, make_seeded_generator
-from metrale_server.speculative import DraftModelProposer, propose_ngram
+from metrale_server.speculative import DraftModelProposer, MtpProposer, propose_ngram
 from metrale_server.structured import CompiledGrammar, GrammarCompiler, GrammarError
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class EngineParts:
     """What an ``EngineCore`` runs on, all built (by
     :func:`~metrale_server.engine.bootstrap.build_engine`): ``args`` with the plan's block size,
     the model loaded through ``ledger``, the runner over the KV pool the plan sized, the other
-    ranks (``parallel``) and what each holds, the draft model, the layer compiler."""
+    ranks (``parallel``) and what each holds, the draft model or MTP proposer, the layer
+    compiler."""
 
     args: EngineArgs
     plan: MemoryPlan
@@ -72,6 +74,7 @@ class EngineParts:
     parallel: TensorParallelGroup | None = None
     rank_memory: tuple[RankMemory, ...] = ()
     draft_proposer: DraftModelProposer | None = None
+    mtp_proposer: MtpProposer | None = None
     compiler: LayerCompiler | None = None
 
 
@@ -97,6 +100,7 @@ class EngineCore:
         self.parallel = parts.parallel
         self.rank_memory = parts.rank_memory
         self.draft_proposer = parts.draft_proposer
+        self.mtp_proposer = parts.mtp_proposer
         self.compiler = parts.compiler
         self.block_size = parts.plan.inputs.block_size
         self.max_seq_len = parts.plan.inputs.max_seq_len
@@ -116,7 +120,7 @@ class EngineCore:
             ),
             self.block_manager,
             proposer=None if self.args.speculative_config is None else self._propose,
-            on_release=None if self.draft_proposer is None else self.draft_proposer.release,
+            on_release=self._draft_pool_owner(),
         )
         self.eos_token_ids = self.loaded.eos_token_ids
         self._grammar_compiler: GrammarCompiler | None = None
@@ -312,8 +316,15 @@ class EngineCore:
         self.scheduler.finish_step(step)
         _record_prompt_reads(result)
         outputs = self._update(result.tokens)
+        if self.mtp_proposer is not None and result.hidden is not None:
+            self.mtp_proposer.observe(step.chunks, result.hidden, self._mtp_room)
         self._count(step, sum(token.pooled is None for token in result.tokens))
         return outputs
+
+    def _draft_pool_owner(self) -> Callable[[Sequence], None] | None:
+        """Told of each sequence giving back its slot: the proposer with a draft pool."""
+        proposer = self.draft_proposer or self.mtp_proposer
+        return None if proposer is None else proposer.release
 
     def _update(self, sampled: list[SampledToken]) -> list[EngineCoreOutput]:
         """Append each sequence's sampled tokens. A sequence whose tokens cannot be appended
@@ -444,6 +455,8 @@ class EngineCore:
         limits = [min(config.num_speculative_tokens, max_tokens, self._draft_room(s)) for s in seqs]
         if self.draft_proposer is not None:
             return self.draft_proposer.propose(seqs, limits)
+        if self.mtp_proposer is not None:
+            return self.mtp_proposer.propose(seqs, limits)
         return [
             propose_ngram(
                 seq.token_ids,
@@ -453,6 +466,11 @@ class EngineCore:
             )
             for seq, limit in zip(seqs, limits, strict=True)
         ]
+
+    def _mtp_room(self, seq: Sequence) -> int:
+        config = self.args.speculative_config
+        assert config is not None
+        return min(config.num_speculative_tokens, self._draft_room(seq))
 
     def _draft_room(self, seq: Sequence) -> int:
         """How many drafts ``seq`` can take: none for requests with penalties or logit bias,

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Protocol
 
+import attrs
 import torch
 
 from metrale_kernels import AttentionMetadata
@@ -86,8 +87,12 @@ class ModelRunner:
         indexer_paged: bool = True,
         kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
         workers: WorkerChannel | None = None,
+        keep_hidden: bool = False,
     ) -> None:
+        """``keep_hidden``: each step's result carries the step's final hidden states (what
+        the MTP proposer reads); off, the step keeps none."""
         self.loaded = loaded
+        self.keep_hidden = keep_hidden
         # Rank 0 of a tensor-parallel group sends each step's inputs to ``workers``.
         self.workers = workers
         self.world_size = 1 if loaded.shard is None else loaded.shard.world_size
@@ -247,6 +252,8 @@ class ModelRunner:
         hidden = self._hidden_states(inputs, metadata)
         # NOTE: before the sampled rows' logits: the prompt logprobs use the same buffer.
         read = read_prompts(hidden, reads, self.loaded.model.compute_logits, self._logits)
+        if self.keep_hidden:
+            read = attrs.evolve(read, hidden=hidden)
         return self._logits_rows(hidden, inputs.logits_indices), read
 
     @torch.inference_mode()

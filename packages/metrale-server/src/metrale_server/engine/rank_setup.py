@@ -92,6 +92,7 @@ def build_runner(
         seed=args.seed,
         indexer_paged=plan.inputs.indexer_paged,
         kv_cache_dtype=plan.inputs.kv_cache_dtype,
+        keep_hidden=args.speculative_config is not None and args.speculative_config.is_mtp,
     )
 
 

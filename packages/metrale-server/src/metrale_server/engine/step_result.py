@@ -34,9 +34,12 @@ class PromptLogprobs:
 
 @attrs.frozen(kw_only=True)
 class StepResult:
-    """A step's news: sampled tokens (and finished pooling vectors), prompt logprobs, and the
-    state of each embedding whose prompt is not done yet."""
+    """A step's news: sampled tokens (and finished pooling vectors), prompt logprobs, the
+    state of each embedding whose prompt is not done yet, and, for a runner that keeps them
+    (MTP speculation reads them), the target's final hidden state of every token in the step,
+    in step order."""
 
     tokens: list[SampledToken]
     prompt_logprobs: list[PromptLogprobs] = attrs.field(factory=list)
     pool_states: list[tuple[Sequence, torch.Tensor]] = attrs.field(factory=list)
+    hidden: torch.Tensor | None = None

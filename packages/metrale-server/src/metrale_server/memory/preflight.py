@@ -94,6 +94,9 @@ def plan_inputs(
     paged = indexer_paged()
     block_size = resolve_block_size(args, config)
     speculative = args.speculative_config
+    is_mtp = speculative is not None and speculative.is_mtp
+    if is_mtp:
+        check_mtp_config(config)
     draft = None
     if speculative is not None and speculative.model is not None:
         quantization_spec = speculative.quantization or args.quantization
@@ -114,9 +117,19 @@ def plan_inputs(
         spec_on=args.speculative_config is not None,
         indexer_paged=paged,
         quantization=quantization,
+        mtp=is_mtp,
         kv_cache_dtype=KvCacheDtype.parse(args.kv_cache_dtype),
         draft=draft,
     )
+
+
+def check_mtp_config(config: ModelConfig) -> None:
+    """``ValueError`` naming the flag for method mtp on a config without MTP layers."""
+    if config.mtp is None:
+        raise ValueError(
+            f"--speculative-config method mtp: {config.model_type} ({config.source}) has no "
+            "MTP layers (num_nextn_predict_layers is 0); use method ngram or draft_model"
+        )
 
 
 def draft_inputs(

@@ -1,9 +1,7 @@
 """The draft-model proposer: a smaller model with the target's tokenizer drafts greedily.
 
 The draft caches K/V in a paged pool of its own (owner ``draft_kv_pool``) with as many blocks
-as the target's pool. Each state slot keeps the draft blocks of the sequence holding it, from
-the slot's assignment until the scheduler frees the sequence (``release``); a slot that changed
-hands (a new sequence, or a preempted one re-admitted) starts from nothing.
+as the target's pool, lent per state slot (:mod:`~metrale_server.speculative.draft_blocks`).
 
 Drafting ``k`` tokens for a batch of sequences runs ``k`` draft forwards over all of them at
 once: the first catches each sequence up on every token the draft has not cached (the prompt,
@@ -17,7 +15,6 @@ hold gets no drafts that step; its output is the same, only slower.
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceOf
-from typing import Protocol
 
 import attrs
 import torch
@@ -26,32 +23,18 @@ from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache
 from metrale_model_arch.memory import draft_max_seq_len
 from metrale_model_arch.owners import DRAFT_KV_POOL, DRAFT_MODEL, KV_POOL
-
-
-class DraftingSequence(Protocol):
-    """What the proposer reads of a sequence (the engine's ``Sequence``): its tokens, and
-    the state slot it holds with the ticket of that assignment."""
-
-    token_ids: list[int]
-    slot: int | None
-    slot_ticket: int
-
-    @property
-    def num_tokens(self) -> int: ...
-
+from metrale_server.speculative.draft_blocks import DraftBlocks, DraftingSequence, SlotBlocks
 
 # A probe the two tokenizers must split alike (letters, digits, punctuation, non-ASCII).
 TOKENIZER_PROBE = "Hello, world! The year 2026 in Zürich: naïve café — 東京 ✓"
 
 
 @attrs.define(eq=False)
-class _SlotCache:
+class _SlotCache(SlotBlocks):
     """The draft's cache for the sequence holding a slot at ``ticket``: its ``blocks``, every
     position below ``base`` (the sequence's tokens then), and ``drafts``' positions but the
     last."""
 
-    ticket: int
-    blocks: list[int] = attrs.Factory(list)
     base: int = 0
     drafts: tuple[int, ...] = ()
 
@@ -128,21 +111,20 @@ class DraftModelProposer:
             device=draft.device,
             allocator=draft_allocator(allocator),
         )
-        self._free_blocks = list(range(num_blocks - 1, -1, -1))
-        self._slots: list[_SlotCache | None] = [None] * num_slots
+        self.blocks = DraftBlocks(
+            num_slots=num_slots,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            new_cache=lambda ticket: _SlotCache(ticket=ticket),
+        )
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        return self.blocks.num_free_blocks
 
     def release(self, seq: DraftingSequence) -> None:
-        """``seq`` gives back its slot: the draft blocks the slot holds return to the pool."""
-        if seq.slot is None:
-            return
-        cache = self._slots[seq.slot]
-        if cache is not None and cache.ticket == seq.slot_ticket:
-            self._give_back(cache)
-            self._slots[seq.slot] = None
+        """``seq`` gives back its slot, and the slot its draft blocks."""
+        self.blocks.release(seq)
 
     @torch.inference_mode()
     def propose(
@@ -164,31 +146,11 @@ class DraftModelProposer:
     def _row(self, seq: DraftingSequence, max_tokens: int) -> _Row | None:
         # Drafting k tokens caches positions up to num_tokens + k - 2, below the draft's limit.
         num_drafts = min(max_tokens, self.max_seq_len - seq.num_tokens + 1)
-        if seq.slot is None or num_drafts < 1:
-            return None
-        cache = self._slots[seq.slot]
-        if cache is None or cache.ticket != seq.slot_ticket:
-            if cache is not None:
-                self._give_back(cache)
-            cache = self._slots[seq.slot] = _SlotCache(ticket=seq.slot_ticket)
-        if not self._grow(cache, seq.num_tokens + num_drafts - 1):
+        cache = self.blocks.cache(seq) if num_drafts >= 1 else None
+        if cache is None or not self.blocks.grow(cache, seq.num_tokens + num_drafts - 1):
             return None
         start = cache.num_valid(seq)
         return _Row(cache=cache, start=start, new=seq.token_ids[start:], num_drafts=num_drafts)
-
-    def _give_back(self, cache: _SlotCache) -> None:
-        self._free_blocks += reversed(cache.blocks)
-        cache.blocks.clear()
-
-    def _grow(self, cache: _SlotCache, num_positions: int) -> bool:
-        """Give ``cache`` blocks for ``num_positions``; ``False`` (nothing taken) if the pool
-        has too few."""
-        needed = -(-num_positions // self.block_size) - len(cache.blocks)
-        if needed > len(self._free_blocks):
-            return False
-        for _ in range(max(needed, 0)):
-            cache.blocks.append(self._free_blocks.pop())
-        return True
 
     def _draft_step(self, rows: list[_Row]) -> None:
         """One draft forward over ``rows``: each feeds its ``new`` tokens and drafts one."""
