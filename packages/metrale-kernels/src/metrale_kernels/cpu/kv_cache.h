@@ -38,14 +38,14 @@ inline KvFormat kv_format(const at::Tensor& cache) {
 // The stored magnitude a row's amax maps to (kv_quantization.QMAX).
 inline float qmax(KvFormat format) { return format == KvFormat::kInt8 ? 127.f : 448.f; }
 
-// Each byte's value in the format (int8's, or fp8's as float).
-inline std::array<float, 256> byte_values(KvFormat format) {
+// Each fp8 code's value as a float.
+inline std::array<float, 256> fp8_values(KvFormat format) {
   std::array<float, 256> values{};
   for (int b = 0; b < 256; ++b) {
     const uint8_t bits = static_cast<uint8_t>(b);
-    if (format == KvFormat::kInt8) values[b] = static_cast<float>(static_cast<int8_t>(bits));
-    else if (format == KvFormat::kFp8E4m3) values[b] = static_cast<float>(c10::Float8_e4m3fn(bits, c10::Float8_e4m3fn::from_bits()));
-    else values[b] = static_cast<float>(c10::Float8_e5m2(bits, c10::Float8_e5m2::from_bits()));
+    values[b] = format == KvFormat::kFp8E4m3
+                    ? static_cast<float>(c10::Float8_e4m3fn(bits, c10::Float8_e4m3fn::from_bits()))
+                    : static_cast<float>(c10::Float8_e5m2(bits, c10::Float8_e5m2::from_bits()));
   }
   return values;
 }
@@ -57,7 +57,7 @@ struct CacheRows {
   const uint8_t* data;
   KvFormat format;
   int64_t dim, kv_heads;
-  const float* values;  // byte_values(format); unused for float32
+  const float* values;  // fp8_values(format); unused for float32 and int8
 
   int64_t row_bytes() const {
     return format == KvFormat::kFloat ? dim * 4 : dim + kScaleBytes;
@@ -90,12 +90,10 @@ struct CacheRows {
   }
 };
 
-inline const float* byte_value_table(KvFormat format) {
-  static const std::array<float, 256> int8 = byte_values(KvFormat::kInt8);
-  static const std::array<float, 256> e4m3 = byte_values(KvFormat::kFp8E4m3);
-  static const std::array<float, 256> e5m2 = byte_values(KvFormat::kFp8E5m2);
+inline const float* fp8_value_table(KvFormat format) {
+  static const std::array<float, 256> e4m3 = fp8_values(KvFormat::kFp8E4m3);
+  static const std::array<float, 256> e5m2 = fp8_values(KvFormat::kFp8E5m2);
   switch (format) {
-    case KvFormat::kInt8: return int8.data();
     case KvFormat::kFp8E4m3: return e4m3.data();
     case KvFormat::kFp8E5m2: return e5m2.data();
     default: return nullptr;
@@ -111,7 +109,7 @@ inline CacheRows cache_rows(const at::Tensor& cache, int64_t dim, const char* op
   TORCH_CHECK(cache.size(3) == row, op, ": cache rows of ", cache.size(3), " values for head dim ",
               dim, format == KvFormat::kFloat ? "" : " (+ 2 scale bytes)");
   return CacheRows{static_cast<const uint8_t*>(cache.data_ptr()), format, dim, cache.size(2),
-                   byte_value_table(format)};
+                   fp8_value_table(format)};
 }
 
 // `x` (dim floats) into its row of a cache of `format` at `out`.
