@@ -6,7 +6,7 @@ end to end.
 1. Every kernel against the torch reference on random inputs (``metrale_kernels.testing.parity``:
    ragged batches, GQA ratios, sliding windows, NaN-poisoned unused slots, fp32/fp16/bf16).
 2. Decode attention's achieved bytes/s (K and V read once) over the GPU's measured copy
-   bandwidth, at 4k..32k context (goal: 80% or more).
+   bandwidth, at 4k..32k context (goal: 80% or more), over a bf16 cache and an int8 one.
 3. Batch invariance: the attention kernel's rows alone vs among 7 and 63 other sequences
    (bit-identical), and the default model end to end: one prompt's greedy tokens and top-20
    logprobs alone vs inside batches of 7 and 63 other prompts.
@@ -23,9 +23,13 @@ import argparse
 import random
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from bench_host import cpu_line
+
+if TYPE_CHECKING:
+    from metrale_kernels import KernelBackend
 
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 
@@ -83,12 +87,26 @@ def check_kernels() -> bool:
 
 def decode_bandwidth(copy_bytes_per_s: float, quick: bool) -> None:
     from metrale_kernels.cuda.backend import CupyBackend
-    from metrale_kernels.testing.parity import paged_batch
 
     print("== decode attention bandwidth (bf16, 32 q heads, 8 kv heads, head_dim 128)")
     print(f"copy bandwidth: {copy_bytes_per_s / 1e9:.0f} GB/s (read + write)")
     backend = CupyBackend()
     contexts = DECODE_CONTEXTS[:2] if quick else DECODE_CONTEXTS
+    # The bf16 cache, then an int8 one (rows of 128 values and a 2-byte scale).
+    for kv_dtype, row_bytes in ((torch.bfloat16, 2 * 128), (torch.int8, 128 + 2)):
+        print(f"-- {str(kv_dtype).removeprefix('torch.')} cache")
+        _decode_bandwidth(backend, contexts, kv_dtype, row_bytes, copy_bytes_per_s)
+
+
+def _decode_bandwidth(
+    backend: KernelBackend,
+    contexts: tuple[int, ...],
+    kv_dtype: torch.dtype,
+    row_bytes: int,
+    copy_bytes_per_s: float,
+) -> None:
+    from metrale_kernels.testing.paged_batches import paged_batch
+
     for context in contexts:
         for batch_size in (1, 16):
             batch = paged_batch(
@@ -99,6 +117,7 @@ def decode_bandwidth(copy_bytes_per_s: float, quick: bool) -> None:
                 head_dim=128,
                 dtype=torch.bfloat16,
                 device=torch.device("cuda"),
+                kv_dtype=kv_dtype,
             )
             seconds = _best_seconds(
                 lambda b=batch: backend.paged_attention(
@@ -106,7 +125,7 @@ def decode_bandwidth(copy_bytes_per_s: float, quick: bool) -> None:
                 ),
                 20,
             )
-            kv_bytes = 2 * batch_size * context * 8 * 128 * 2
+            kv_bytes = 2 * batch_size * context * 8 * row_bytes
             achieved = kv_bytes / seconds
             print(
                 f"context {context:>6} batch {batch_size:>3}: {seconds * 1e6:8.1f} us, "
@@ -120,9 +139,15 @@ def check_invariance_kernel() -> bool:
 
     print("== batch invariance: attention rows alone vs among 7 and 63 others")
     ok = True
-    for dtype in (torch.bfloat16, torch.float16):
-        same = attention_batch_invariance(dtype, "cuda")
-        print(f"{str(dtype).removeprefix('torch.')}: {'bit-identical' if same else 'DIFFERENT'}")
+    for dtype, kv_dtype in (
+        (torch.bfloat16, None),
+        (torch.float16, None),
+        (torch.bfloat16, torch.int8),
+    ):
+        same = attention_batch_invariance(dtype, "cuda", kv_dtype=kv_dtype)
+        cache = "" if kv_dtype is None else f" over an {str(kv_dtype).removeprefix('torch.')} cache"
+        name = str(dtype).removeprefix("torch.")
+        print(f"{name}{cache}: {'bit-identical' if same else 'DIFFERENT'}")
         ok &= same
     return ok
 

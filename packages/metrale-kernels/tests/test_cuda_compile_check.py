@@ -12,7 +12,13 @@ from metrale_kernels.cuda.compile_check import (
     check_sources,
     find_compiler,
 )
-from metrale_kernels.cuda.sources import KERNEL_SOURCES, KernelSource, source_code
+from metrale_kernels.cuda.sources import (
+    DTYPE_SUFFIXES,
+    KERNEL_SOURCES,
+    KV_FORMAT_SUFFIXES,
+    KernelSource,
+    source_code,
+)
 
 COMPILERS = [name for name in ("nvrtc", "nvcc") if find_compiler((name,)) is not None]
 pytestmark = pytest.mark.skipif(
@@ -57,4 +63,18 @@ def test_every_source_file_is_shipped() -> None:
     for source in KERNEL_SOURCES:
         code = source_code(source)
         for function in source.functions:
-            assert function.rsplit("_", 1)[0] in code
+            base = function.rsplit("_", 1)[0]
+            if base.endswith(tuple(f"_{kv}" for kv in KV_FORMAT_SUFFIXES)):
+                base = f"{base.rsplit('_', 1)[0]}_##KV##_##SUFFIX"
+            assert base in code
+
+
+def test_the_quantized_cache_variants_are_compiled() -> None:
+    # Every kernel listed is compiled and looked for in the PTX (above): the quantized cache
+    # variants are listed, one per format and float dtype.
+    functions = {function for source in KERNEL_SOURCES for function in source.functions}
+    for base in ("write_kv", "paged_attention_partial"):
+        for kv in KV_FORMAT_SUFFIXES:
+            for suffix in DTYPE_SUFFIXES:
+                assert f"{base}_{kv}_{suffix}" in functions
+    assert {"i8", "e4m3", "e5m2"} == set(KV_FORMAT_SUFFIXES)

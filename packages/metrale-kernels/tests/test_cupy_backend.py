@@ -25,3 +25,10 @@ def test_kernel_matches_the_reference(case: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_attention_rows_do_not_depend_on_the_batch(dtype: torch.dtype) -> None:
     assert attention_batch_invariance(dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn], ids=str)
+def test_attention_rows_over_a_quantized_cache_do_not_depend_on_the_batch(
+    kv_dtype: torch.dtype,
+) -> None:
+    assert attention_batch_invariance(torch.bfloat16, kv_dtype=kv_dtype)

@@ -17,13 +17,14 @@ from metrale_kernels import TorchBackend, build_attention_metadata
 from metrale_kernels.cuda import launch as cuda_launch
 from metrale_kernels.cuda.backend import CupyBackend
 from metrale_kernels.cuda.sources import SOURCES_BY_NAME, source_code
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES
 from metrale_kernels.rotary import cos_sin_cache, default_inv_freq
 from metrale_kernels.testing.paged_batches import paged_batch
 from metrale_kernels.testing.parity import CASES, DTYPES, check_case
 
 _SIGNATURE = re.compile(
     r'extern "C" __global__ void\s+(?:__launch_bounds__\(\w+\)\s+)?'
-    r"(\w+?)(?:_##SUFFIX)?\s*\(([^)]*)\)"
+    r"(\w+?)(_##KV##)?(?:_##SUFFIX)?\s*\(([^)]*)\)"
 )
 _DEFINE = re.compile(r"^#define (\w+) (\d+)", re.MULTILINE)
 # A kernel's carve-up of its dynamic shared memory: ``float* k_s = q_s + n;  // (TILE, dim)``.
@@ -37,11 +38,12 @@ _KINDS = {
 
 
 def _parameter_kinds(source: str) -> dict[str, list[str]]:
-    """Each kernel's parameters (by base name, the dtype suffix left off) as C type kinds."""
+    """Each kernel's parameters (by base name, the dtype suffix left off; ``<base>_KV`` for a
+    quantized cache's) as C type kinds."""
     kinds = {}
     code = source_code(SOURCES_BY_NAME[source]).replace("\\\n", " ")
-    for name, params in _SIGNATURE.findall(code):
-        kinds[name] = [
+    for name, kv, params in _SIGNATURE.findall(code):
+        kinds[f"{name}_KV" if kv else name] = [
             "pointer" if "*" in p else "long long" if "long long" in p else p.split()[0]
             for p in (part.strip() for part in params.split(","))
         ]
@@ -170,6 +172,49 @@ def test_every_launch_matches_its_kernels_signature(
         assert threads <= 1024
         assert shared_mem_bytes <= 48 * 1024
     assert launched == EXPECTED_FUNCTIONS
+
+
+KV_FORMATS = {torch.int8: "i8", torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
+
+@pytest.mark.parametrize("kv_dtype", list(KV_FORMATS), ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("head_dim", "pair_loads"), [(64, 1), (34, 1), (33, 0)])
+def test_quantized_caches_launch_their_kernels(
+    launches: list[Launch],
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    head_dim: int,
+    pair_loads: int,
+) -> None:
+    batch = paged_batch(
+        seq_lens=[700, 3], query_lens=[1, 3], num_heads=8, num_kv_heads=2, head_dim=head_dim,
+        dtype=dtype, device=torch.device("cpu"), kv_dtype=kv_dtype,
+    )  # fmt: skip
+    assert batch.k_cache.shape[-1] == head_dim + SCALE_BYTES
+    backend = _backend()
+    kv = torch.randn(5, 2, head_dim).to(dtype)
+    backend.write_kv(kv, kv, batch.k_cache, batch.v_cache, torch.arange(5))
+    backend.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.125, 256)
+    suffix = cuda_launch.dtype_suffix(dtype)
+    kv_format = KV_FORMATS[kv_dtype]
+    write, partial, _ = launches
+    assert [launch[1] for launch in launches] == [
+        f"write_kv_{kv_format}_{suffix}",
+        f"paged_attention_partial_{kv_format}_{suffix}",
+        f"paged_attention_combine_{suffix}",
+    ]
+    for source, function, *_ in launches:
+        assert function in SOURCES_BY_NAME[source].functions
+    kinds = _parameter_kinds("kv_write")["write_kv_KV"]
+    assert [_KINDS[type(a)] for a in write[4]] == kinds
+    kinds = _parameter_kinds("paged_attention")["paged_attention_partial_KV"]
+    assert [_KINDS[type(a)] for a in partial[4]] == kinds
+    # The head dim the kernels index rows by is the values', not the row's (which holds the
+    # scale too); the partial pass's last argument turns its 2-byte loads on or off.
+    assert write[4][6] == head_dim
+    assert partial[4][11] == head_dim
+    assert partial[4][-1] == pair_loads
 
 
 def test_paged_attention_splits_long_rows_and_bounds_the_partials(launches: list[Launch]) -> None:

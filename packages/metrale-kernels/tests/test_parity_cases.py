@@ -12,6 +12,7 @@ import torch
 from metrale_kernels import KernelBackend, TorchBackend
 from metrale_kernels.op import kernel
 from metrale_kernels.reference import pointwise
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES
 from metrale_kernels.testing.paged_batches import paged_batch
 from metrale_kernels.testing.parity import CASES, TOLERANCE, ParityResult, check_case
 
@@ -39,14 +40,40 @@ class SkewedAttention(TorchBackend):
         return super().paged_attention(*args, **kwargs) + 1e-2
 
 
-def test_a_skewed_kernel_is_reported() -> None:
-    error = CASES["decode ragged gqa4"](
-        TorchBackend(), SkewedAttention(), torch.float32, torch.device("cpu")
-    )
+@pytest.mark.parametrize("case", ["decode ragged gqa4", "decode ragged gqa4 kv fp8_e4m3"])
+def test_a_skewed_kernel_is_reported(case: str) -> None:
+    error = CASES[case](TorchBackend(), SkewedAttention(), torch.float32, torch.device("cpu"))
     result = ParityResult(case="skewed", max_error=error, tolerance=TOLERANCE[torch.float32])
     assert not result.is_ok
     assert "MISMATCH" in result.line()
     assert not ParityResult(case="nan", max_error=float("nan"), tolerance=1.0).is_ok
+
+
+class OneScaleOff(TorchBackend):
+    """Writes the reference's bytes but for the first token's first key scale, one float16 ulp
+    off: a kernel that rounds a scale differently."""
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        super().write_kv(key, value, k_cache, v_cache, slot_mapping)
+        rows = k_cache.view(torch.uint8).view(-1, *k_cache.shape[-2:])
+        rows[int(slot_mapping[0]), 0, -SCALE_BYTES] ^= 1
+
+
+@pytest.mark.parametrize("kv_name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_a_quantized_write_is_compared_byte_for_byte(kv_name: str) -> None:
+    case = f"write_kv {kv_name}"
+    error = CASES[case](TorchBackend(), OneScaleOff(), torch.bfloat16, torch.device("cpu"))
+    assert error == 1.0  # one byte differs
+    result = check_case(case, torch.bfloat16, OneScaleOff(), "cpu")
+    assert result.tolerance == 0.0
+    assert not result.is_ok
 
 
 @kernel(KernelBackend.rms_norm)

@@ -17,6 +17,7 @@ from metrale_kernels.cuda.sources import NVRTC_OPTIONS, SOURCES_BY_NAME, source_
 # The dynamic shared memory a block gets without opting in.
 MAX_SHARED_BYTES = 48 * 1024
 _SUFFIXES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_KV_FORMAT_SUFFIXES = {torch.int8: "i8", torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _functions: dict[tuple[str, int], Any] = {}
 _modules: dict[tuple[str, int], Any] = {}
 _streams: dict[tuple[int, int], Any] = {}
@@ -45,6 +46,11 @@ def import_cupy() -> Any:
 def dtype_suffix(dtype: torch.dtype) -> str | None:
     """The kernel name suffix for ``dtype``; ``None`` when no kernel takes it."""
     return _SUFFIXES.get(dtype)
+
+
+def kv_format_suffix(dtype: torch.dtype) -> str | None:
+    """The kernel name's format for a quantized K/V cache of ``dtype``; ``None`` for any other."""
+    return _KV_FORMAT_SUFFIXES.get(dtype)
 
 
 def on_cuda(tensor: torch.Tensor) -> bool:

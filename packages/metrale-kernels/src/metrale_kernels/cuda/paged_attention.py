@@ -14,6 +14,7 @@ from metrale_kernels.cuda import attention_rows
 from metrale_kernels.cuda import launch as cuda
 from metrale_kernels.cuda.launch import MAX_SHARED_BYTES, f32, i32, i64, ptr
 from metrale_kernels.op import kernel
+from metrale_kernels.reference.kv_quantization import cache_head_dim
 
 if TYPE_CHECKING:
     from metrale_kernels.cuda.backend import CupyBackend
@@ -49,12 +50,11 @@ def paged_attention(
         return backend.fallback(KernelBackend.paged_attention, "the reference raises")(
             q, k_cache, v_cache, metadata, scale, sliding_window, out=out
         )
-    suffix = cuda.dtype_suffix(q.dtype)
+    function = _partial_function(q, k_cache, v_cache)
     group = num_heads // num_kv_heads
     if (
         not cuda.on_cuda(q)
-        or suffix is None
-        or not (q.dtype == k_cache.dtype == v_cache.dtype)
+        or function is None
         or not (k_cache.is_contiguous() and v_cache.is_contiguous())
         or group * head_dim > MAX_ACCUMULATORS * ATTENTION_THREADS
         or _attention_shared_bytes(group, head_dim) > MAX_SHARED_BYTES
@@ -68,9 +68,23 @@ def paged_attention(
     rows = attention_rows.attention_rows(metadata, sliding_window)
     if num_tokens:
         _paged_attention_launches(
-            result, q, k_cache, v_cache, metadata, rows, scale, sliding_window, suffix
+            result, q, k_cache, v_cache, metadata, rows, scale, sliding_window, function
         )
     return cuda.into(result, out)
+
+
+def _partial_function(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> str | None:
+    """The partial pass's kernel for ``q`` over these caches; ``None`` when none takes them: a
+    float cache of ``q``'s dtype, or a quantized one of ``q``'s head dim (any float ``q``)."""
+    suffix = cuda.dtype_suffix(q.dtype)
+    if suffix is None or k_cache.dtype != v_cache.dtype:
+        return None
+    kv_format = cuda.kv_format_suffix(k_cache.dtype)
+    if kv_format is None:
+        return f"paged_attention_partial_{suffix}" if k_cache.dtype == q.dtype else None
+    if k_cache.shape != v_cache.shape or cache_head_dim(k_cache) != q.shape[-1]:
+        return None  # the reference raises
+    return f"paged_attention_partial_{kv_format}_{suffix}"
 
 
 def _paged_attention_launches(
@@ -82,7 +96,7 @@ def _paged_attention_launches(
     rows: attention_rows.AttentionRows,
     scale: float,
     sliding_window: int | None,
-    suffix: str,
+    partial_function: str,
 ) -> None:
     """Both passes over the rows, in chunks whose partials fit ``PARTIAL_BUDGET_BYTES``."""
     num_tokens, num_heads, head_dim = q.shape
@@ -96,9 +110,11 @@ def _paged_attention_launches(
     )
     part_ml = torch.empty((chunk, num_heads, max_splits, 2), dtype=torch.float32, device=q.device)
     window = 0 if sliding_window is None else sliding_window
-    per_vector = 16 // q.element_size()
+    # 16 bytes a load from a float cache; two values a load from a quantized one.
+    load_bytes = 16 if cuda.kv_format_suffix(k_cache.dtype) is None else 2
+    per_vector = load_bytes // k_cache.element_size()
     vector_loads = head_dim % per_vector == 0 and all(
-        cache.data_ptr() % 16 == 0 for cache in (k_cache, v_cache)
+        cache.data_ptr() % load_bytes == 0 for cache in (k_cache, v_cache)
     )
     tables = metadata.block_tables
     if tables.stride(-1) != 1:
@@ -108,7 +124,7 @@ def _paged_attention_launches(
         row_seq, row_pos = rows.row_seq[start:stop], rows.row_pos[start:stop]
         cuda.launch(
             "paged_attention",
-            f"paged_attention_partial_{suffix}",
+            partial_function,
             q.device,
             (stop - start, num_kv_heads, max_splits),
             (ATTENTION_THREADS,),
@@ -138,7 +154,7 @@ def _paged_attention_launches(
         )
         cuda.launch(
             "paged_attention",
-            f"paged_attention_combine_{suffix}",
+            f"paged_attention_combine_{cuda.dtype_suffix(q.dtype)}",
             q.device,
             (stop - start, num_heads),
             (min(ATTENTION_THREADS, 32 * -(-head_dim // 32)),),

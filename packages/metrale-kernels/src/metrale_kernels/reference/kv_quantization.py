@@ -38,7 +38,10 @@ def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x (..., head_dim)`` as quantized rows ``(..., head_dim + SCALE_BYTES)`` of ``dtype``."""
     qmax = QMAX[dtype]
     values = x.to(torch.float32)
-    scale = (values.abs().amax(-1, keepdim=True) / qmax).to(torch.float16)
+    amax = values.abs().amax(-1, keepdim=True)
+    # Divided by a tensor: CUDA divides a tensor by a Python scalar as a product with its
+    # reciprocal, which rounds differently (the kernels divide).
+    scale = (amax / torch.full_like(amax, qmax)).to(torch.float16)
     divisor = scale.to(torch.float32)
     divisor = torch.where(divisor > 0, divisor, torch.ones_like(divisor))
     scaled = (values / divisor).clamp_(-qmax, qmax)

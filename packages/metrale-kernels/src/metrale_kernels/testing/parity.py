@@ -21,6 +21,7 @@ import torch
 
 from metrale_kernels.backend import KernelBackend, TorchBackend
 from metrale_kernels.op import Op
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES, is_quantized_cache
 from metrale_kernels.testing.paged_batches import batch_invariance, paged_batch
 
 P = ParamSpec("P")
@@ -67,7 +68,11 @@ def _attention_case(
     num_kv_heads: int,
     head_dim: int,
     sliding_window: int | None,
+    kv_dtype: torch.dtype | None = None,
 ) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    """Attention over caches of ``kv_dtype`` (the query's dtype when None; a quantized cache
+    is written by the reference from keys and values of the query's dtype)."""
+
     def run(
         reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
     ) -> float:
@@ -79,16 +84,18 @@ def _attention_case(
             head_dim=head_dim,
             dtype=dtype,
             device=device,
+            kv_dtype=kv_dtype,
         )
         scale = head_dim**-0.5
         got = cupy.paged_attention(
             batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
         )
         # The reference in float32, rounded once: the tolerance is then the kernel's alone.
+        # (It reads a quantized cache as float32.)
         want = reference.paged_attention(
             batch.q.float(),
-            batch.k_cache.float(),
-            batch.v_cache.float(),
+            _as_float32(batch.k_cache),
+            _as_float32(batch.v_cache),
             batch.metadata,
             scale,
             sliding_window,
@@ -96,6 +103,10 @@ def _attention_case(
         return _max_error(got, want.to(dtype))
 
     return run
+
+
+def _as_float32(cache: torch.Tensor) -> torch.Tensor:
+    return cache if is_quantized_cache(cache) else cache.float()
 
 
 def _rms_norm(
@@ -180,6 +191,43 @@ def _write_kv(
         _max_error(caches[0][written], caches[2][written]),
         _max_error(caches[1][written], caches[3][written]),
     )
+
+
+def _quantized_write_kv_case(
+    kv_dtype: torch.dtype,
+) -> Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]:
+    """``write_kv`` into caches of ``kv_dtype``: the number of cache bytes that differ from the
+    reference's run on the CPU (the canonical bytes: torch on CUDA multiplies by 1 / QMAX where
+    the CPU divides, so a row's float16 scale may differ in its last bit there)."""
+
+    def run(
+        reference: KernelBackend, cupy: KernelBackend, dtype: torch.dtype, device: torch.device
+    ) -> float:
+        generator = torch.Generator().manual_seed(13)
+        num_tokens, num_kv_heads, head_dim = 23, 4, 64
+        # Rows over nine decades, a zero row (its scale 0), inputs strided by token and head.
+        spread = torch.logspace(-6, 3, num_tokens)[:, None, None, None]
+        kv = torch.randn(num_tokens, 2, num_kv_heads, 2 * head_dim, generator=generator) * spread
+        kv[0, :, 1] = 0
+        kv = kv.to(device, dtype)
+        key, value = kv[:, 0, :, :head_dim], kv[:, 1, :, head_dim:]
+        slots = torch.randperm(10 * 16, generator=generator)[:num_tokens]
+        # Unwritten rows are all-0xFF bytes in both (NaN for fp8).
+        shape = (10, 16, num_kv_heads, head_dim + SCALE_BYTES)
+        got, want = (
+            [torch.full(shape, 0xFF, dtype=torch.uint8, device=on).view(kv_dtype) for _ in "kv"]
+            for on in (device, torch.device("cpu"))
+        )
+        cupy.write_kv(key, value, got[0], got[1], slots.to(device))
+        reference.write_kv(key.cpu(), value.cpu(), want[0], want[1], slots)
+        return float(
+            sum(
+                int((g.view(torch.uint8).cpu() != w.view(torch.uint8)).sum())
+                for g, w in zip(got, want, strict=True)
+            )
+        )
+
+    return run
 
 
 def _softmax_topk(
@@ -306,6 +354,28 @@ def _select_positions(
 
 
 Case = Callable[[KernelBackend, KernelBackend, torch.dtype, torch.device], float]
+KV_DTYPES = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+# Attention over each quantized cache, (seq_lens, query_lens, num_heads, num_kv_heads, head_dim,
+# sliding_window): decode and prefill rows, windows, split-K, 2-byte loads (even head dims) and
+# byte loads (odd).
+QUANTIZED_ATTENTION_SHAPES: dict[str, tuple[list[int], list[int], int, int, int, int | None]] = {
+    "decode ragged gqa4": ([1, 17, 300, 2049], [1, 1, 1, 1], 8, 2, 64, None),
+    "decode gqa8 window": ([40, 1000, 5000], [1, 1, 1], 16, 2, 128, 512),
+    "chunked prefill + decode": ([300, 64, 90], [50, 1, 90], 8, 2, 64, None),
+    "decode hd33": ([3, 400], [1, 1], 6, 3, 33, None),
+}
+
+
+def _quantized_cache_cases() -> dict[str, Case]:
+    """``write_kv`` and attention over each quantized cache format."""
+    cases: dict[str, Case] = {}
+    for kv_name, kv_dtype in KV_DTYPES.items():
+        cases[f"write_kv {kv_name}"] = _quantized_write_kv_case(kv_dtype)
+        for name, shape in QUANTIZED_ATTENTION_SHAPES.items():
+            cases[f"{name} kv {kv_name}"] = _attention_case(*shape, kv_dtype=kv_dtype)
+    return cases
+
+
 CASES: dict[str, Case] = {
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
@@ -328,6 +398,7 @@ CASES: dict[str, Case] = {
     "select_positions": _select_positions,
     "sparse latent rank 512": _sparse_latent_case(16, 512, 600, 16, 8),
     "sparse latent rank 576 kpool 1": _sparse_latent_case(5, 576, 300, 1, 64),
+    **_quantized_cache_cases(),
 }
 
 
@@ -368,7 +439,7 @@ def check_case(
     return ParityResult(
         case=f"{name} [{str(dtype).removeprefix('torch.')}]",
         max_error=error,
-        tolerance=0.0 if name == "write_kv" else TOLERANCE[dtype],
+        tolerance=0.0 if name.startswith("write_kv") else TOLERANCE[dtype],
         fallbacks=tuple(dict.fromkeys(reached)),
     )
 
@@ -384,10 +455,16 @@ def run_all(device: torch.device | str = "cuda") -> list[ParityResult]:
 
 
 def attention_batch_invariance(
-    dtype: torch.dtype, device: torch.device | str = "cuda", num_others: tuple[int, ...] = (7, 63)
+    dtype: torch.dtype,
+    device: torch.device | str = "cuda",
+    num_others: tuple[int, ...] = (7, 63),
+    kv_dtype: torch.dtype | None = None,
 ) -> bool:
     """Whether the cupy backend gives one sequence's decode and prefill rows bit-identical
-    alone and among ``num_others`` other sequences (:func:`paged_batches.batch_invariance`)."""
+    alone and among ``num_others`` other sequences (:func:`paged_batches.batch_invariance`),
+    over caches of ``kv_dtype`` (``dtype`` when None)."""
     from metrale_kernels.cuda.backend import CupyBackend
 
-    return batch_invariance(CupyBackend(), dtype, torch.device(device), num_others)
+    return batch_invariance(
+        CupyBackend(), dtype, torch.device(device), num_others, kv_dtype=kv_dtype
+    )

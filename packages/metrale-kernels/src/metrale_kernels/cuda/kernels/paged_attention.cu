@@ -6,8 +6,10 @@
 // and every reduction order depend on the row alone, never on the batch around it.
 //
 // Caches are (num_blocks, block_size, kv_heads, head_dim), dense; only the visible keys'
-// slots are read. Partials: acc (rows, heads, max_splits, head_dim), (max, sum) pairs
-// (rows, heads, max_splits, 2), float32.
+// slots are read. ``paged_attention_partial_<format>_<dtype>`` reads quantized caches of rows
+// ``head_dim + KV_SCALE_BYTES`` bytes (kv_quantization.cuh), dequantized to float32 as a tile
+// is loaded: the same keys and values as the reference's dequantized cache. Partials: acc
+// (rows, heads, max_splits, head_dim), (max, sum) pairs (rows, heads, max_splits, 2), float32.
 
 #define ATTENTION_THREADS 128
 #define ATTENTION_TILE 32  // keys per tile: one per lane of a warp
@@ -20,6 +22,45 @@ __device__ __forceinline__ int first_visible(int pos, int sliding_window) {
 __device__ __forceinline__ int num_splits_of(int pos, int sliding_window, int split_keys) {
     const int num_keys = pos + 1 - first_visible(pos, sliding_window);
     return (num_keys + split_keys - 1) / split_keys;
+}
+
+// A quantized cache's rows, of format ``F``.
+template <typename F>
+struct QuantizedCache {
+    const unsigned char* rows;
+};
+
+// Value ``d`` of the row of ``kv_head`` at ``slot``, as float32.
+template <typename T>
+__device__ __forceinline__ float cache_value(
+    const T* cache, long long slot, int num_kv_heads, int kv_head, int head_dim, int d) {
+    return to_float(cache[(slot * num_kv_heads + kv_head) * head_dim + d]);
+}
+
+template <typename F>
+__device__ __forceinline__ float cache_value(
+    QuantizedCache<F> cache, long long slot, int num_kv_heads, int kv_head, int head_dim, int d) {
+    const long long row_bytes = head_dim + KV_SCALE_BYTES;
+    const unsigned char* row = cache.rows + (slot * num_kv_heads + kv_head) * row_bytes;
+    return F::decode(row[d]) * kv_scale_of(row, head_dim);
+}
+
+// ``load_tile`` a value at a time (any head_dim, any alignment).
+template <typename Cache>
+__device__ void load_tile_elements(
+    float* tile, Cache cache, const long long* table, int tile_start, int tile_keys,
+    int block_size, int num_kv_heads, int kv_head, int head_dim, int stride) {
+    for (int e = threadIdx.x; e < ATTENTION_TILE * head_dim; e += ATTENTION_THREADS) {
+        const int j = e / head_dim;
+        const int d = e - j * head_dim;
+        float v = 0.0f;
+        if (j < tile_keys) {
+            const int key = tile_start + j;
+            const long long slot = table[key / block_size] * block_size + key % block_size;
+            v = cache_value(cache, slot, num_kv_heads, kv_head, head_dim, d);
+        }
+        tile[j * stride + d] = v;
+    }
 }
 
 // Keys ``tile_start .. tile_start + tile_keys - 1`` of one kv head, as float32, rows
@@ -56,22 +97,47 @@ __device__ void load_tile(
         }
         return;
     }
-    for (int e = threadIdx.x; e < ATTENTION_TILE * head_dim; e += ATTENTION_THREADS) {
-        const int j = e / head_dim;
-        const int d = e - j * head_dim;
-        float v = 0.0f;
-        if (j < tile_keys) {
-            const int key = tile_start + j;
-            const long long slot = table[key / block_size] * block_size + key % block_size;
-            v = to_float(cache[(slot * num_kv_heads + kv_head) * head_dim + d]);
-        }
-        tile[j * stride + d] = v;
-    }
+    load_tile_elements(tile, cache, table, tile_start, tile_keys, block_size, num_kv_heads, kv_head,
+                       head_dim, stride);
 }
 
-template <typename T>
+// As above, from a quantized cache; with ``pair_loads`` (head_dim even, the cache 2-byte
+// aligned) each thread reads two values and the scale a 2-byte load each.
+template <typename F>
+__device__ void load_tile(
+    float* tile, QuantizedCache<F> cache, const long long* table, int tile_start, int tile_keys,
+    int block_size, int num_kv_heads, int kv_head, int head_dim, int stride, int pair_loads) {
+    const long long row_bytes = head_dim + KV_SCALE_BYTES;
+    if (pair_loads) {
+        const int pairs_per_row = head_dim / 2;
+        for (int e = threadIdx.x; e < ATTENTION_TILE * pairs_per_row; e += ATTENTION_THREADS) {
+            const int j = e / pairs_per_row;
+            const int c = e - j * pairs_per_row;
+            float lo = 0.0f;
+            float hi = 0.0f;
+            if (j < tile_keys) {
+                const int key = tile_start + j;
+                const long long slot = table[key / block_size] * block_size + key % block_size;
+                const unsigned char* row =
+                    cache.rows + (slot * num_kv_heads + kv_head) * row_bytes;
+                const unsigned int two = *reinterpret_cast<const unsigned short*>(row + 2 * c);
+                const float scale = to_float(*reinterpret_cast<const half_t*>(row + head_dim));
+                lo = F::decode(two & 0xffu) * scale;
+                hi = F::decode(two >> 8) * scale;
+            }
+            tile[j * stride + 2 * c] = lo;
+            tile[j * stride + 2 * c + 1] = hi;
+        }
+        return;
+    }
+    load_tile_elements(tile, cache, table, tile_start, tile_keys, block_size, num_kv_heads, kv_head,
+                       head_dim, stride);
+}
+
+// ``Cache``: ``const T*`` (a float cache of q's dtype) or ``QuantizedCache<F>``.
+template <typename T, typename Cache>
 __device__ void paged_attention_partial(
-    float* part_acc, float* part_ml, const T* q, const T* k_cache, const T* v_cache,
+    float* part_acc, float* part_ml, const T* q, Cache k_cache, Cache v_cache,
     const long long* block_tables, long long table_stride, const int* row_seq,
     const int* row_pos, int num_heads, int num_kv_heads, int head_dim, int block_size,
     long long q_stride, long long q_head_stride, float scale, int sliding_window,
@@ -222,10 +288,10 @@ __device__ void paged_attention_combine(
             const int* row_pos, int num_heads, int num_kv_heads, int head_dim,              \
             int block_size, long long q_stride, long long q_head_stride, float scale,       \
             int sliding_window, int split_keys, int max_splits, int vector_loads) {         \
-        paged_attention_partial<T>(part_acc, part_ml, q, k_cache, v_cache, block_tables,    \
-                                   table_stride, row_seq, row_pos, num_heads, num_kv_heads, \
-                                   head_dim, block_size, q_stride, q_head_stride, scale,    \
-                                   sliding_window, split_keys, max_splits, vector_loads);   \
+        paged_attention_partial<T, const T*>(                                               \
+            part_acc, part_ml, q, k_cache, v_cache, block_tables, table_stride, row_seq,    \
+            row_pos, num_heads, num_kv_heads, head_dim, block_size, q_stride,               \
+            q_head_stride, scale, sliding_window, split_keys, max_splits, vector_loads);    \
     }                                                                                       \
     extern "C" __global__ void paged_attention_combine_##SUFFIX(                            \
         T* out, const float* part_acc, const float* part_ml, const int* row_pos,            \
@@ -236,6 +302,31 @@ __device__ void paged_attention_combine(
                                    out_head_stride);                                        \
     }
 
+// ``vector_loads``: the pair loads of the quantized ``load_tile``.
+#define DEFINE_QUANTIZED_PAGED_ATTENTION(KV, F, SUFFIX, T)                                  \
+    extern "C" __global__ void __launch_bounds__(ATTENTION_THREADS)                         \
+        paged_attention_partial_##KV##_##SUFFIX(                                            \
+            float* part_acc, float* part_ml, const T* q, const unsigned char* k_cache,      \
+            const unsigned char* v_cache, const long long* block_tables,                    \
+            long long table_stride, const int* row_seq, const int* row_pos, int num_heads,  \
+            int num_kv_heads, int head_dim, int block_size, long long q_stride,             \
+            long long q_head_stride, float scale, int sliding_window, int split_keys,       \
+            int max_splits, int vector_loads) {                                             \
+        paged_attention_partial<T, QuantizedCache<F>>(                                      \
+            part_acc, part_ml, q, QuantizedCache<F>{k_cache}, QuantizedCache<F>{v_cache},   \
+            block_tables, table_stride, row_seq, row_pos, num_heads, num_kv_heads,          \
+            head_dim, block_size, q_stride, q_head_stride, scale, sliding_window,           \
+            split_keys, max_splits, vector_loads);                                          \
+    }
+
+#define DEFINE_QUANTIZED_PAGED_ATTENTIONS(KV, F)             \
+    DEFINE_QUANTIZED_PAGED_ATTENTION(KV, F, f32, float)      \
+    DEFINE_QUANTIZED_PAGED_ATTENTION(KV, F, f16, half_t)     \
+    DEFINE_QUANTIZED_PAGED_ATTENTION(KV, F, bf16, bf16_t)
+
 DEFINE_PAGED_ATTENTION(f32, float)
 DEFINE_PAGED_ATTENTION(f16, half_t)
 DEFINE_PAGED_ATTENTION(bf16, bf16_t)
+DEFINE_QUANTIZED_PAGED_ATTENTIONS(i8, KvInt8)
+DEFINE_QUANTIZED_PAGED_ATTENTIONS(e4m3, KvFp8E4m3)
+DEFINE_QUANTIZED_PAGED_ATTENTIONS(e5m2, KvFp8E5m2)
