@@ -11,14 +11,16 @@ activations in two int8 digits) and ``q4`` (``quantization="q4"``: the projectio
 kept, embeddings and head int8, activations in two int8 digits). Asked for by name (not in the
 default set: each adds a quantization and a perplexity run), ``awq`` and ``gptq`` are the
 fp32 weights quantized by our own round-to-nearest writer
-(:mod:`metrale_model_arch.int4_quantize`; no calibration) into AWQ's GEMM layout and GPTQ's
-symmetric v1 layout, groups of 64 (SmolLM2's 576 features are not whole groups of 128;
-``awq-g32`` and ``gptq-g32``: groups of 32), saved to a temporary directory and served as q4
-(the projections repacked, embeddings and head int8). NOTE: the fp32 weights are the GGUF's
-Q4_1 values, on a grid ``m + d q`` per block of 32 that AWQ's and GPTQ's grids ``(q - z) s``
-(which hold 0) cannot follow, so these measure round-to-nearest int4 of already-4-bit weights.
+(:mod:`metrale_model_arch.int4_quantize`, through ``met quantize``'s
+:func:`~metrale_model_arch.quantize.quantize_checkpoint`; no calibration) into AWQ's GEMM
+layout and GPTQ's symmetric v1 layout, groups of 64 (SmolLM2's 576 features are not whole
+groups of 128; ``awq-g32`` and ``gptq-g32``: groups of 32), saved to a temporary directory
+and served as q4 (the projections repacked, embeddings and head int8). NOTE: the fp32 weights
+are the GGUF's Q4_1 values, on a grid ``m + d q`` per block of 32 that AWQ's and GPTQ's grids
+``(q - z) s`` (which hold 0) cannot follow, so these measure round-to-nearest int4 of
+already-4-bit weights.
 ``fp8`` (asked for by name too) is the fp32 weights quantized by our own writer
-(``metrale_testing.fp8_checkpoints``, the test environment's) into DeepSeek-V3's block-wise
+(:mod:`metrale_model_arch.fp8_quantize`, as ``met quantize`` does) into DeepSeek-V3's block-wise
 FP8 layout (e4m3, a float32 scale per 128x128 block of each projection, the rest float32),
 served dequantized to float32 at load. Measured (2 shared EPYC cores): perplexity 23.312 against
 fp32's 22.144 (+5.3%; llama.cpp-style +6.2%), 0 of 20 prompts token-identical: e4m3's three
@@ -193,48 +195,30 @@ def make_llm(fmt: Format, scratch: Path) -> LLM:
 
 
 def write_fp8(fmt: Format, scratch: Path) -> Path:
-    """The default model's fp32 weights as a block-wise FP8 checkpoint, with its tokenizer."""
-    from metrale_testing.fp8_checkpoints import Fp8Layout, write_fp8_checkpoint
+    """The default model's fp32 weights as a block-wise FP8 checkpoint (the rest fp32), with its
+    tokenizer (``met quantize --method fp8`` writes the rest bfloat16)."""
+    from metrale_model_arch import resolve_model
+    from metrale_model_arch.fp8_quantize import Fp8Layout
+    from metrale_model_arch.quantize import QuantizeMethod, QuantizeSpec, quantize_checkpoint
 
-    from metrale_config import read_gguf_header
-    from metrale_model_arch import Tokenizer, resolve_model
-    from metrale_model_arch.int4_quantize import hf_config
-    from metrale_model_arch.loading.gguf_loader import read_gguf_weights
-
-    gguf = resolve_model(None).path
-    config, weights = read_gguf_weights(gguf)
-    tensors = {
-        name: tensor
-        for name, tensor in weights
-        if not (config.tie_word_embeddings and name == "lm_head.weight")
-    }
-    out = scratch / fmt.name
-    write_fp8_checkpoint(out, hf_config(config), tensors, Fp8Layout("fp8", "block", fmt.fp8_block))
-    Tokenizer.from_gguf_fields(read_gguf_header(gguf).fields).save(out)
-    return out
+    assert fmt.fp8_block is not None
+    layout = Fp8Layout(method="fp8", granularity="block", block=fmt.fp8_block)
+    spec = QuantizeSpec(method=QuantizeMethod.FP8, fp8_layout=layout)
+    return quantize_checkpoint(resolve_model(None), scratch / fmt.name, spec).out
 
 
 def write_int4(fmt: Format, scratch: Path) -> Path:
-    """The default model's fp32 weights as ``fmt``'s int4 checkpoint, with its tokenizer."""
-    from metrale_config import Int4Method, read_gguf_header
-    from metrale_model_arch import Tokenizer, resolve_model
-    from metrale_model_arch.int4_quantize import write_int4_checkpoint
-    from metrale_model_arch.loading.gguf_loader import read_gguf_weights
+    """The default model's fp32 weights as ``fmt``'s int4 checkpoint, with its tokenizer (as
+    ``met quantize`` writes it)."""
+    from metrale_model_arch import resolve_model
+    from metrale_model_arch.quantize import QuantizeMethod, QuantizeSpec, quantize_checkpoint
 
     assert fmt.int4 is not None
     method, group_size, is_symmetric = fmt.int4
-    gguf = resolve_model(None).path
-    config, weights = read_gguf_weights(gguf)
-    out = write_int4_checkpoint(
-        scratch / fmt.name,
-        config,
-        weights,
-        method=Int4Method(method),
-        group_size=group_size,
-        is_symmetric=is_symmetric,
+    spec = QuantizeSpec(
+        method=QuantizeMethod(method), group_size=group_size, is_symmetric=is_symmetric
     )
-    Tokenizer.from_gguf_fields(read_gguf_header(gguf).fields).save(out)
-    return out
+    return quantize_checkpoint(resolve_model(None), scratch / fmt.name, spec).out
 
 
 def split_chunks(tokens: Sequence[int], ctx: int, *, full_only: bool) -> list[list[int]]:

@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 import torch
+from metrale_testing.greedy import prefill_hidden
 from torch import nn
 
-from metrale_kernels import build_attention_metadata, dequantize_q4
+from metrale_kernels import dequantize_q4
 from metrale_kernels.reference.int8_matmul import (
     DIGIT_BASE,
     INT8_MAX,
@@ -43,7 +44,6 @@ from metrale_model_arch import (
     LlamaForCausalLM,
     LoadedModel,
     LoadOptions,
-    allocate_kv_cache,
     load_model,
 )
 from metrale_model_arch.families.int8_layers import Int8Embedding, Int8Linear
@@ -106,24 +106,7 @@ def quantized_modules(loaded: LoadedModel) -> dict[str, nn.Module]:
 
 def prefill(loaded: LoadedModel, tokens: Sequence[int]) -> torch.Tensor:
     """The final normed hidden state ``(tokens, hidden)`` of one fresh sequence's prefill."""
-    num_blocks = -(-len(tokens) // BLOCK_SIZE)
-    kv_caches = allocate_kv_cache(
-        loaded.config,
-        num_blocks=num_blocks,
-        block_size=BLOCK_SIZE,
-        dtype=loaded.dtype,
-        device=loaded.device,
-    )
-    metadata = build_attention_metadata(
-        block_tables=[list(range(num_blocks))],
-        seq_lens=[len(tokens)],
-        query_lens=[len(tokens)],
-        block_size=BLOCK_SIZE,
-    )
-    with torch.inference_mode():
-        hidden: torch.Tensor = loaded.model(
-            torch.tensor(tokens), torch.arange(len(tokens)), kv_caches, metadata
-        )
+    hidden: torch.Tensor = prefill_hidden(loaded, tokens, BLOCK_SIZE)
     return hidden
 
 

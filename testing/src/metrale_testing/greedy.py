@@ -3,6 +3,7 @@ a paged runner's steps over a batch of prompts (torch imported by the callers' o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 
@@ -43,3 +44,29 @@ def paged_greedy(
         for seq_id, (token,) in new_tokens.items():
             generated[seq_id].append(token)
     return generated
+
+
+def prefill_hidden(loaded: Any, tokens: Sequence[int], block_size: int = 16) -> Any:
+    """The final hidden states ``(tokens, hidden)`` of one fresh sequence's prefill through
+    ``loaded`` (a ``LoadedModel``), over a paged KV cache of its own."""
+    import torch
+
+    from metrale_kernels import build_attention_metadata
+    from metrale_model_arch import allocate_kv_cache
+
+    num_blocks = -(-len(tokens) // block_size)
+    kv_caches = allocate_kv_cache(
+        loaded.config,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        dtype=loaded.dtype,
+        device=loaded.device,
+    )
+    metadata = build_attention_metadata(
+        block_tables=[list(range(num_blocks))],
+        seq_lens=[len(tokens)],
+        query_lens=[len(tokens)],
+        block_size=block_size,
+    )
+    with torch.inference_mode():
+        return loaded.model(torch.tensor(tokens), torch.arange(len(tokens)), kv_caches, metadata)

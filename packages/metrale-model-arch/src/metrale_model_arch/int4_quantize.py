@@ -11,18 +11,16 @@ so their loading and serving can be measured on any float model (``benches/forma
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from metrale_config import Int4Method, ModelConfig
-from metrale_model_arch.int4_format import INT4_MODEL_TYPES
+from metrale_model_arch.quantized_checkpoint import hf_config, save_checkpoint
 
 PROJECTION = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -71,32 +69,6 @@ def _pack_last(values: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     return torch.from_numpy(packed.numpy().astype(np.uint32).view(np.int32))
 
 
-def hf_config(config: ModelConfig) -> dict[str, Any]:
-    """``config.json`` fields of a llama-family ``config`` (no RoPE scaling)."""
-    if config.model_type not in INT4_MODEL_TYPES or config.rope_scaling is not None:
-        raise ValueError(f"{config.model_type}: only plain llama-family configs are written")
-    return {
-        "model_type": config.model_type,
-        "architectures": list(config.architectures) or ["LlamaForCausalLM"],
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": config.hidden_act,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "max_position_embeddings": config.max_position_embeddings,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": config.qkv_bias,
-        "bos_token_id": config.bos_token_id,
-        "eos_token_id": list(config.eos_token_ids) or None,
-        "torch_dtype": "float16",
-    }
-
-
 def write_int4_checkpoint(
     out_dir: str | Path,
     config: ModelConfig,
@@ -105,13 +77,14 @@ def write_int4_checkpoint(
     method: Int4Method,
     group_size: int,
     is_symmetric: bool = False,
+    hf: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``config``'s model (``weights`` under checkpoint names, a tied head omitted) to
-    ``out_dir`` as ``config.json`` and ``model.safetensors``, its projections ``method`` int4."""
+    ``out_dir`` as ``config.json`` and ``model.safetensors``, its projections ``method`` int4,
+    the rest float16. ``hf``: the ``config.json`` fields (default: :func:`hf_config`).
+    Each weight is quantized as it comes: the output and one float weight are held at a time."""
     if method == Int4Method.AWQ and is_symmetric:
         raise ValueError("AWQ has zero points: is_symmetric is GPTQ's")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in weights:
         if config.tie_word_embeddings and name == "lm_head.weight":
@@ -122,7 +95,6 @@ def write_int4_checkpoint(
             tensors.update((f"{prefix}.{part}", packed) for part, packed in parts.items())
         else:
             tensors[name] = tensor.to(torch.float16).contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     quantization: dict[str, Any] = {
         "quant_method": str(method),
         "bits": 4,
@@ -132,6 +104,7 @@ def write_int4_checkpoint(
         quantization.update(zero_point=True, version="gemm")
     else:
         quantization.update(sym=is_symmetric, desc_act=False, checkpoint_format="gptq")
-    hf = {**hf_config(config), "quantization_config": quantization}
-    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    fields = {**(hf_config(config) if hf is None else hf), "torch_dtype": "float16"}
+    out = Path(out_dir)
+    save_checkpoint(out, tensors, fields, quantization)
     return out

@@ -10,6 +10,7 @@ from metrale_server.cli.common import CONTEXT, check_environment_or_exit
 from metrale_server.cli.generate import generate
 from metrale_server.cli.kernels import kernels
 from metrale_server.cli.memory import memory
+from metrale_server.cli.quantize import quantize
 from metrale_server.cli.serve import serve, serve_main
 from metrale_server.cli.top import top
 
@@ -23,5 +24,5 @@ def main() -> None:
     check_environment_or_exit()
 
 
-for command in (generate, serve, top, chat, memory, kernels, bench):
+for command in (generate, serve, top, chat, memory, quantize, kernels, bench):
     main.add_command(command)

@@ -1,0 +1,88 @@
+"""Quantizing a checkpoint (:mod:`metrale_model_arch.quantize`): the defaults each method
+resolves to, and every request that cannot be written refused by its field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+
+from metrale_config import ModelConfig
+from metrale_model_arch.model_source import ModelSource
+from metrale_model_arch.quantize import (
+    QuantizeError,
+    QuantizeMethod,
+    QuantizeSpec,
+    quantize_checkpoint,
+    resolve_spec,
+)
+
+AWQ, GPTQ, FP8 = QuantizeMethod.AWQ, QuantizeMethod.GPTQ, QuantizeMethod.FP8
+
+
+@pytest.fixture
+def config(tiny_config: ModelConfig) -> ModelConfig:
+    """Projections of 32 (q/k/v, gate/up, o) and 96 (down) input features."""
+    return attrs.evolve(tiny_config, intermediate_size=96)
+
+
+@pytest.mark.parametrize(
+    ("spec", "group_size", "is_symmetric"),
+    [
+        (QuantizeSpec(method=AWQ), 32, False),  # 32 and 96 features: not 128 or 64
+        (QuantizeSpec(method=GPTQ), 32, True),
+        (QuantizeSpec(method=GPTQ, is_symmetric=False), 32, False),
+        (QuantizeSpec(method=FP8), None, True),
+    ],
+)
+def test_the_defaults(
+    config: ModelConfig, spec: QuantizeSpec, group_size: int | None, is_symmetric: bool
+) -> None:
+    resolved = resolve_spec(config, spec)
+    assert (resolved.group_size, resolved.is_symmetric) == (group_size, is_symmetric)
+
+
+def test_the_default_group_is_128_where_it_divides(config: ModelConfig) -> None:
+    config = attrs.evolve(config, hidden_size=256, intermediate_size=512, head_dim=64)
+    assert resolve_spec(config, QuantizeSpec(method=AWQ)).group_size == 128
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        (
+            QuantizeSpec(method=AWQ, group_size=64),
+            "group_size",
+            "64 does not divide q/k/v/gate/up_proj's 32 input",
+        ),
+        (QuantizeSpec(method=AWQ, group_size=16), "group_size", "not a multiple of 32"),
+        (QuantizeSpec(method=FP8, group_size=128), "group_size", "applies to awq and gptq"),
+        (QuantizeSpec(method=AWQ, is_symmetric=True), "is_symmetric", "AWQ has zero points"),
+        (QuantizeSpec(method=FP8, is_symmetric=False), "is_symmetric", "fp8 has no zero points"),
+    ],
+)
+def test_what_cannot_be_written_is_named(
+    config: ModelConfig, spec: QuantizeSpec, field: str, message: str
+) -> None:
+    with pytest.raises(QuantizeError, match=message) as caught:
+        resolve_spec(config, spec)
+    assert caught.value.field == field
+
+
+def test_int4_is_the_llama_familys(config: ModelConfig) -> None:
+    config = attrs.evolve(config, model_type="gemma2")
+    with pytest.raises(QuantizeError, match="not gemma2; fp8 is written for any") as caught:
+        resolve_spec(config, QuantizeSpec(method=GPTQ))
+    assert caught.value.field == "method"
+
+
+def test_a_quantized_checkpoint_is_refused(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "quantization_config": {"quant_method": "gptq"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    source = ModelSource(kind="dir", path=tmp_path, name=str(tmp_path))
+    with pytest.raises(QuantizeError, match="is quantized already \\(gptq\\)") as caught:
+        quantize_checkpoint(source, tmp_path / "out", QuantizeSpec(method=FP8))
+    assert caught.value.field == "model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]

@@ -1,0 +1,139 @@
+"""``met quantize``: write a float checkpoint as an AWQ, GPTQ or FP8 one that ``met serve``
+serves (round to nearest, no calibration; :mod:`metrale_model_arch.quantize`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from metrale_server.cli.common import CONTEXT, locate_model, offline_option, revision_option
+
+if TYPE_CHECKING:
+    from metrale_model_arch.quantize import QuantizeReport
+
+METHODS = ("awq", "gptq", "fp8")
+# QuantizeError.field -> the flag (or argument) that sets it.
+FLAGS = {
+    "method": "'--method'",
+    "group_size": "'--group-size'",
+    "is_symmetric": "'--symmetric' / '--asymmetric'",
+    "model": "'MODEL'",
+    "out": "'--out'",
+}
+FLOAT16_BYTES = 2
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("model", required=False)
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    required=True,
+    help="awq: AutoAWQ's GEMM layout, zero points; gptq: GPTQ's v1 layout (symmetric unless "
+    "--asymmetric); fp8: e4m3 with DeepSeek-V3's 128x128 block scales, the rest bfloat16.",
+)
+@click.option(
+    "--group-size",
+    type=int,
+    default=None,
+    help="awq/gptq: input features per scale, a multiple of 32 dividing every projection's. "
+    "Default: 128, else 64, else 32.",
+)
+@click.option(
+    "--symmetric/--asymmetric",
+    "is_symmetric",
+    default=None,
+    help="gptq: without or with zero points (default symmetric); awq is asymmetric, fp8 symmetric.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The directory to write (absent or empty). Default: ./<model>-<method>.",
+)
+@revision_option
+@offline_option
+def quantize(
+    model: str | None,
+    method: str,
+    group_size: int | None,
+    is_symmetric: bool | None,
+    out: Path | None,
+    revision: str | None,
+    offline: bool,
+) -> None:
+    """Quantize the float checkpoint MODEL (a safetensors directory, or a GGUF file whose
+    weights are dequantized first; default: the bundled SmolLM2-135M-Instruct) to a safetensors
+    directory in AWQ's, GPTQ's or FP8's public layout, with its config.json and tokenizer files.
+
+    Round to nearest, no calibration data. Each weight streams from the source and is quantized
+    as it comes; the directory appears when complete. Serve it with `met serve OUT`.
+    """
+    import torch
+
+    from metrale_model_arch.quantize import (
+        QuantizeError,
+        QuantizeMethod,
+        QuantizeSpec,
+        quantize_checkpoint,
+    )
+
+    _, source = locate_model(model, revision=revision, offline=offline)
+    if out is None:
+        out = Path(f"{Path(source.name).name.removesuffix('.gguf')}-{method}")
+    spec = QuantizeSpec(
+        method=QuantizeMethod(method),
+        group_size=group_size,
+        is_symmetric=is_symmetric,
+        float_dtype=torch.bfloat16 if method == "fp8" else None,
+    )
+    start = time.perf_counter()
+    try:
+        report = quantize_checkpoint(source, out, spec)
+    except QuantizeError as error:
+        raise click.BadParameter(str(error), param_hint=FLAGS[error.field]) from error
+    except (ValueError, OSError) as error:
+        raise click.ClickException(str(error)) from error
+    seconds = time.perf_counter() - start
+    click.echo(f"quantized {source.path} in {seconds:.1f} s: {describe(report)}")
+    for line in report_lines(report):
+        click.echo(line)
+
+
+def describe(report: QuantizeReport) -> str:
+    spec = report.spec
+    if spec.group_size is None:
+        block = spec.fp8_layout.block or (0, 0)
+        return f"{spec.method}, e4m3 with a scale per {block[0]}x{block[1]} block"
+    kind = "symmetric" if spec.is_symmetric else "asymmetric"
+    return f"{spec.method}, groups of {spec.group_size}, {kind}"
+
+
+def report_lines(report: QuantizeReport) -> list[str]:
+    """The files written, and each part's bytes against the same weights as float16."""
+    width = max(len(name) for name, _ in report.file_bytes)
+    lines = [f"wrote {report.out}:"]
+    lines += [f"  {name:<{width}}  {size:>15,} bytes" for name, size in report.file_bytes]
+    parts = [
+        ("quantized weights (scales, zeros included)", report.num_quantized_params,
+         report.quantized_bytes),
+        ("other tensors (embeddings, norms, head)", report.num_kept_params, report.kept_bytes),
+    ]  # fmt: skip
+    for label, num_params, size in parts:
+        float_size = num_params * FLOAT16_BYTES
+        bits = 8 * size / num_params if num_params else 0.0
+        ratio = size / float_size if float_size else 0.0
+        lines.append(
+            f"{label}: {num_params:,} params, {size:,} bytes ({bits:.2f} bits a param, "
+            f"{ratio:.2f}x float16)"
+        )
+    float_total = (report.num_quantized_params + report.num_kept_params) * FLOAT16_BYTES
+    lines.append(
+        f"total {report.total_bytes:,} bytes: {report.total_bytes / float_total:.2f}x the float16 "
+        f"checkpoint ({float_total:,} bytes); the source's weights {report.source_bytes:,} bytes"
+    )
+    lines.append(f"serve it: met serve {report.out}")
+    return lines
