@@ -291,13 +291,11 @@ def test_every_checkpoint_prefix_loads_the_same_weights(
     checkpoint: Checkpoint, tmp_path: Path, prefix: str
 ) -> None:
     """``model.language_model.`` (as saved here), ``model.`` (a text-only release) and no
-    prefix (a ``Glm5NextTextModel`` save) load alike; an MTP layer (``layers.<L>``) and the
-    vision tower are skipped."""
+    prefix (a ``Glm5NextTextModel`` save) load alike, the vision tower beside them; an MTP layer
+    (``layers.<L>``) is skipped."""
     tensors = load_file(checkpoint.path / "model.safetensors")
     renamed = {
-        name.replace("model.language_model.", prefix, 1): tensor
-        for name, tensor in tensors.items()
-        if not name.startswith("model.visual.")
+        name.replace("model.language_model.", prefix, 1): tensor for name, tensor in tensors.items()
     }
     num_layers = checkpoint.config.num_hidden_layers
     renamed[f"{prefix}layers.{num_layers}.eh_proj.weight"] = torch.zeros(4, 8)

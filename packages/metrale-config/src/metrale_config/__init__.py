@@ -40,6 +40,7 @@ from metrale_config.model_config import (
     MoeConfig,
     MtpConfig,
     NormLayout,
+    VisionConfig,
 )
 from metrale_config.rope import RopeScaling
 
@@ -69,6 +70,7 @@ __all__ = [
     "NormLayout",
     "RopeScaling",
     "UndeclaredLeverError",
+    "VisionConfig",
     "check_environment",
     "model_config_from_gguf",
     "model_config_from_gguf_header",

@@ -102,6 +102,46 @@ class MtpConfig:
 
 
 @attrs.frozen(kw_only=True)
+class VisionConfig:
+    """A vision tower beside the text stack (glm5_next's ``vision_config``) and the prompt
+    tokens that place its output: each ``image_token_id`` of a prompt takes one merged patch.
+
+    A patch is ``temporal_patch_size`` frames of ``patch_size`` squared pixels; each
+    ``spatial_merge_size`` squared patches merge into one ``out_hidden_size`` embedding, which
+    replaces one image token of the text stack's input.
+    """
+
+    depth: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    out_hidden_size: int
+    projection_intermediate_size: int
+    in_channels: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    hidden_act: str = "silu"
+    attention_bias: bool = True
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    swiglu_limit: float | None = None
+    image_token_id: int
+    video_token_id: int | None = None
+    video_start_token_id: int | None = None
+    video_end_token_id: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch row of ``pixel_values``: channels x frames x pixels."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+
+@attrs.frozen(kw_only=True)
 class MhcConfig:
     """Manifold-constrained hyper-connections (glm5_next): ``num_streams`` residual vectors."""
 
@@ -165,6 +205,8 @@ class ModelConfig:
     # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
     gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None
+    # The vision tower a multimodal checkpoint carries (glm5_next), else None.
+    vision: VisionConfig | None = None
     # Clamp of the SwiGLU gate/up activations (glm5_next, gpt_oss); None means unclamped.
     swiglu_limit: float | None = None
     # gpt_oss's SwiGLU: ``(up + 1) * gate * sigmoid(alpha * gate)``; None means plain SiLU.

@@ -11,6 +11,9 @@ WEIGHT_OWNERS = (EMBEDDINGS, LAYERS, FINAL_NORM, LM_HEAD)
 # only for the model types that load them.
 MTP = "weights.mtp"
 MTP_PARAM_PREFIX = "model.mtp_layers."
+# A vision tower loaded beside the text stack (glm5_next): an owner only where one is loaded.
+VISION = "weights.vision"
+VISION_PARAM_PREFIX = "model.visual."
 
 ROPE_TABLE = "rope_table"
 ROPE_TABLE_BUFFER = "cos_sin_cache"  # the module buffer that holds it
@@ -34,4 +37,6 @@ def weight_owner(param_name: str) -> str:
         return FINAL_NORM
     if param_name.startswith(MTP_PARAM_PREFIX):
         return MTP
+    if param_name.startswith(VISION_PARAM_PREFIX):
+        return VISION
     return LAYERS

@@ -13,6 +13,7 @@ from metrale_model_arch.memory.weights import (
     EMBEDDINGS,
     LAYERS,
     LM_HEAD,
+    VISION,
     WEIGHT_OWNERS,
     param_counts,
     weight_bytes,
@@ -146,7 +147,8 @@ def hf_bytes_by_owner(named_parameters: Iterable[tuple[str, torch.Tensor]]) -> d
     """Bytes per owner of parameters named as in a causal LM (``model.layers.0...``)."""
     totals = dict.fromkeys(WEIGHT_OWNERS, 0)
     for name, parameter in named_parameters:
-        totals[weight_owner(name)] += parameter.numel() * parameter.element_size()
+        owner = weight_owner(name)
+        totals[owner] = totals.get(owner, 0) + parameter.numel() * parameter.element_size()
     return totals
 
 
@@ -207,15 +209,15 @@ def test_glm5_next_weight_bytes_equal_transformers(
         model = transformers.Glm5NextForConditionalGeneration(hf_config)
     config = model_config_from_hf_dict(hf_config.to_dict(), source=f"glm5_next {text_kwargs}")
 
-    # The vision tower (``model.visual.*``) is outside the plan.
-    text_and_head = (
+    # The vision tower (``model.visual.*``) is its own owner, ``weights.vision``.
+    every_tensor = (
         (name.replace("model.language_model.", "model.", 1), parameter)
         for name, parameter in checkpoint_tensors(model)
-        if not name.startswith("model.visual.")
     )
-    expected = hf_bytes_by_owner(text_and_head)
+    expected = hf_bytes_by_owner(every_tensor)
     assert weight_bytes(config, BF16_BYTES).by_owner() == expected
     assert (expected[LM_HEAD] == 0) is is_tied
+    assert expected[VISION] > 0
 
 
 @pytest.mark.usefixtures("bfloat16_default")

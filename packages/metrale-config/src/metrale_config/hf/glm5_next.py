@@ -2,6 +2,8 @@
 
 Defaults and derived schedules follow transformers' ``Glm5NextTextConfig``; the multimodal
 wrapper's ``text_config`` is read when present, else the top-level fields (a flat checkpoint).
+Its ``vision_config`` (and the top-level image/video token ids) becomes ``ModelConfig.vision``;
+a config without one (a flat text-only checkpoint) has no vision tower.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from metrale_config.model_config import (
     MlaConfig,
     ModelConfig,
     MoeConfig,
+    VisionConfig,
 )
 
 SPARSE = LayerType.SPARSE_ATTENTION
@@ -90,6 +93,37 @@ def parse_glm5_next(reader: FieldReader, model_type: str) -> ModelConfig:
             num_sinkhorn_iters=r.positive_integer("hc_sinkhorn_iters", 20),
         ),
         swiglu_limit=r.optional_number("swiglu_limit", 10.0),
+        vision=_parse_vision(outer) if model_type == "glm5_next" else None,
+    )
+
+
+def _parse_vision(outer: FieldReader) -> VisionConfig | None:
+    v = outer.child("vision_config")
+    if v is None:
+        return None
+    rope = v.child("rope_parameters")
+    if rope is not None and rope.string("rope_type", "axial") != "axial":
+        raise rope.error("rope_type", "must be 'axial' (the tower's 2D rotary)")
+    return VisionConfig(
+        depth=v.positive_integer("depth", 24),
+        hidden_size=v.positive_integer("hidden_size", 1024),
+        num_heads=v.positive_integer("num_heads", 16),
+        intermediate_size=v.positive_integer("intermediate_size", 4096),
+        out_hidden_size=v.positive_integer("out_hidden_size", 1536),
+        projection_intermediate_size=v.positive_integer("projection_intermediate_size", 10240),
+        in_channels=v.positive_integer("in_channels", 3),
+        patch_size=v.positive_integer("patch_size", 14),
+        temporal_patch_size=v.positive_integer("temporal_patch_size", 2),
+        spatial_merge_size=v.positive_integer("spatial_merge_size", 2),
+        hidden_act=v.string("hidden_act", "silu"),
+        attention_bias=v.boolean("attention_bias", True),
+        rms_norm_eps=v.number("rms_norm_eps", 1e-5),
+        rope_theta=rope.number("rope_theta", 10000.0) if rope is not None else 10000.0,
+        swiglu_limit=v.optional_number("swiglu_limit", 10.0),
+        image_token_id=outer.integer("image_token_id", 154854),
+        video_token_id=outer.optional_integer("video_token_id", 154855),
+        video_start_token_id=outer.optional_integer("video_start_token_id", 154832),
+        video_end_token_id=outer.optional_integer("video_end_token_id", 154833),
     )
 
 

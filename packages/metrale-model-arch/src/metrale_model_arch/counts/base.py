@@ -14,6 +14,7 @@ class ParamCounts:
     ``layers_projection_shapes``: those linear layers' ``(out, in)`` shapes, every layer's.
     ``mtp`` / ``mtp_fp32``: the multi-token-prediction layers a family loads beside its stack
     (glm4_moe), at the serve dtype and in float32; zero where they are not loaded.
+    ``vision``: a vision tower loaded beside the stack (glm5_next), at the serve dtype.
     """
 
     embeddings: int
@@ -26,3 +27,4 @@ class ParamCounts:
     layers_projection_shapes: tuple[tuple[int, int], ...] = ()
     mtp: int = 0
     mtp_fp32: int = 0
+    vision: int = 0

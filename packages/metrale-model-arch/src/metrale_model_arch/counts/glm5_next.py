@@ -1,4 +1,4 @@
-"""Weight plan of GLM-5.3 (``glm5_next``): the text stack and the LM head, never the vision tower.
+"""Weight plan of GLM-5.3 (``glm5_next``): the text stack, the LM head and the vision tower.
 
 Each layer holds two hyper-connections (before the mixer and before the FFN), two RMSNorms, a
 mixer (DSA: MLA plus, on "full" layers, an indexer; or KDA linear attention) and an FFN (a dense
@@ -6,7 +6,8 @@ SwiGLU MLP, or the MoE: routed experts, a router and shared experts). Parameters
 creates in float32 whatever the serve dtype (the router and its score-correction bias, the
 hyper-connections' ``base`` and
 ``scale``, KDA's ``conv1d``, ``dt_bias`` and ``A_log``) are counted in ``layers_fp32``. The
-checkpoint's MTP layers are not part of this model and are not counted.
+checkpoint's MTP layers are not part of this model and are not counted; its vision tower, when
+the config declares one, is (:mod:`.glm5_next_vision`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import attrs
 
 from metrale_config import ModelConfig
 from metrale_model_arch.counts.base import ParamCounts
+from metrale_model_arch.counts.glm5_next_vision import vision_tower_params
 from metrale_model_arch.counts.moe import (
     require_moe,
     routed_experts_params,
@@ -45,7 +47,8 @@ class SplitParams:
 
 
 def glm5_next_param_counts(config: ModelConfig) -> ParamCounts:
-    """Exactly as transformers' ``Glm5NextTextModel`` plus a bias-free ``Linear`` LM head."""
+    """Exactly as transformers' ``Glm5NextTextModel`` plus a bias-free ``Linear`` LM head, and
+    its ``Glm5NextVisionModel`` where the config has one."""
     skeleton = Glm5NextTextSkeleton.from_config(config)
     layers = SplitParams()
     for layer in skeleton.layers:
@@ -57,6 +60,7 @@ def glm5_next_param_counts(config: ModelConfig) -> ParamCounts:
         final_norm=config.hidden_size,
         lm_head=0 if config.tie_word_embeddings else embeddings,
         layers_fp32=layers.fp32,
+        vision=vision_tower_params(config.vision) if config.vision is not None else 0,
     )
 
 

@@ -44,6 +44,7 @@ from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
 from metrale_model_arch.memory.weights import (
     MTP,
+    VISION,
     WEIGHT_OWNERS,
     ParamCounts,
     WeightBytes,
@@ -63,6 +64,7 @@ __all__ = [
     "PER_SEQUENCE_STATE",
     "ROPE_TABLE",
     "RUNTIME_HEADROOM",
+    "VISION",
     "WEIGHT_OWNERS",
     "ArenaBuffer",
     "DraftInputs",

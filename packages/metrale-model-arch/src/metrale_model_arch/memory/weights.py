@@ -2,11 +2,12 @@
 
 Owners are the parts of the model a reader asks about: the token embeddings, the decoder layers, the
 final norm and the LM head, and the MTP layers of a family that loads them (glm4_moe:
-``weights.mtp``, kept for MTP speculation). A head tied to the embeddings is counted once, under
-``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its parameter
-count times the serve dtype's size, except parameters the architecture keeps in float32 (counted
-apart, in ``ParamCounts.*_fp32``); an FP8 checkpoint's scales are read and dropped, so it costs
-what its float checkpoint would. With int8 weights, the embeddings, the head and the layers'
+``weights.mtp``, kept for MTP speculation) and the vision tower of a family that loads one
+(glm5_next: ``weights.vision``, at the serve dtype). A head tied to the embeddings is counted once,
+under ``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its
+parameter count times the serve dtype's size, except parameters the architecture keeps in float32
+(counted apart, in ``ParamCounts.*_fp32``); an FP8 checkpoint's scales are read and dropped, so it
+costs what its float checkpoint would. With int8 weights, the embeddings, the head and the layers'
 projections cost a byte per parameter plus a float32 scale per row
 (:func:`~metrale_model_arch.weight_format.int8_matrix_bytes`). With q4 weights the layers'
 projections cost :func:`~metrale_model_arch.weight_format.q4_matrix_bytes` each instead, the
@@ -30,6 +31,7 @@ from metrale_model_arch.owners import (
     LAYERS,
     LM_HEAD,
     MTP,
+    VISION,
     WEIGHT_OWNERS,
     weight_owner,
 )
@@ -48,6 +50,7 @@ __all__ = [
     "LAYERS",
     "LM_HEAD",
     "MTP",
+    "VISION",
     "WEIGHT_OWNERS",
     "ParamCounts",
     "WeightBytes",
@@ -61,17 +64,18 @@ __all__ = [
 
 @attrs.frozen(kw_only=True)
 class WeightBytes:
-    """``mtp``: the multi-token-prediction layers a family loads (glm4_moe), else zero; an
-    owner of ``by_owner`` only when non-zero."""
+    """``mtp``: the multi-token-prediction layers a family loads (glm4_moe), ``vision``: its
+    vision tower (glm5_next), else zero; each an owner of ``by_owner`` only when non-zero."""
 
     embeddings: int
     layers: int
     final_norm: int
     lm_head: int
     mtp: int = 0
+    vision: int = 0
 
     def total(self) -> int:
-        return self.embeddings + self.layers + self.final_norm + self.lm_head + self.mtp
+        return sum(self.by_owner().values())
 
     def by_owner(self) -> dict[str, int]:
         return {
@@ -80,6 +84,7 @@ class WeightBytes:
             FINAL_NORM: self.final_norm,
             LM_HEAD: self.lm_head,
             **({MTP: self.mtp} if self.mtp else {}),
+            **({VISION: self.vision} if self.vision else {}),
         }
 
 
@@ -98,6 +103,7 @@ def weight_bytes(
         final_norm=counts.final_norm * dtype_bytes,
         lm_head=counts.lm_head * dtype_bytes,
         mtp=counts.mtp * dtype_bytes + counts.mtp_fp32 * FLOAT32_BYTES,
+        vision=counts.vision * dtype_bytes,
     )
 
 

@@ -2,7 +2,9 @@
 
 Checkpoints name the text stack ``model.language_model.`` (a multimodal save), ``model.`` (a
 flat text-only save) or nothing (a ``Glm5NextTextModel`` save); all map to ``model.``. The
-vision tower and the MTP layer (``layers.<num_hidden_layers>``, ``shared_head``) are skipped.
+vision tower (``model.visual.``) loads into ``model.visual.`` when the config declares one (its
+gate/up pairs fused as the text stack's), else is skipped; the MTP layer
+(``layers.<num_hidden_layers>``, ``shared_head``) is skipped.
 Per-expert projections stack into the experts' tensors, ``q/k/v_conv1d`` into one depthwise
 convolution, ``gate/up_proj`` into ``gate_up_proj``; routers, score-correction biases, the
 hyper-connections' ``base``/``scale`` and KDA's convolution, ``dt_bias`` and ``A_log`` stay
@@ -20,6 +22,9 @@ _PREFIX = re.compile(
     r"^(?:model\.language_model\.|model\.(?!visual\.)|(?=layers\.|embed_tokens\.|norm\.))"
 )
 _VISION = re.compile(r"^(?:model\.)?visual\.")
+_VISION_GATE_UP = re.compile(
+    r"(?P<module>blocks\.\d+\.mlp|merger)\.(?P<part>gate|up)_proj\.(?P<kind>weight|bias)"
+)
 _LAYER = re.compile(r"layers\.(?P<layer>\d+)\.(?P<rest>.+)")
 _HC = re.compile(r"hc_(?P<which>attn|ffn)_(?P<part>fn|base|scale)")
 _EXPERT = re.compile(
@@ -43,8 +48,10 @@ def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
     conv_rows = config.linear_attention.num_heads * config.linear_attention.head_dim
 
     def target(name: str, shape: tuple[int, ...]) -> TensorTarget | Skip | None:
-        if _VISION.match(name):
-            return Skip("the vision tower is not part of the text model")
+        if vision := _VISION.match(name):
+            if config.vision is None:
+                return Skip("the config declares no vision tower")
+            return _vision_target(name[vision.end() :], shape)
         match = _PREFIX.match(name)
         if match is None:
             return TensorTarget(name) if name == "lm_head.weight" else None
@@ -61,6 +68,14 @@ def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
         return _layer_target(prefix, rest, shape, expert_rows, conv_rows)
 
     return target
+
+
+def _vision_target(short: str, shape: tuple[int, ...]) -> TensorTarget:
+    if match := _VISION_GATE_UP.fullmatch(short):
+        rows = shape[0]
+        half = slice(0, rows) if match["part"] == "gate" else slice(rows, 2 * rows)
+        return TensorTarget(f"model.visual.{match['module']}.gate_up_proj.{match['kind']}", (half,))
+    return TensorTarget(f"model.visual.{short}")
 
 
 def _layer_target(

@@ -18,11 +18,13 @@ from metrale_model_arch.families.moe import StackedExperts
 
 
 class ClampedSwiGluMlp(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, limit: float | None) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, limit: float | None, *, bias: bool = False
+    ) -> None:
         super().__init__()
         # gate rows, then up rows.
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from metrale_model_arch.families.glm5_next.dsa_attention import DsaAttention, Se
 from metrale_model_arch.families.glm5_next.hyper_connections import HyperConnection
 from metrale_model_arch.families.glm5_next.kda_attention import KdaAttention
 from metrale_model_arch.families.glm5_next.mlp import ClampedSwiGluMlp, GlmMoeBlock
+from metrale_model_arch.families.glm5_next.vision.tower import Glm5NextVisionModel
 from metrale_model_arch.families.llama import RMSNorm
 from metrale_model_arch.families.row_invariant_layers import head_logits
 from metrale_model_arch.glm5_next_skeleton import (
@@ -100,11 +101,15 @@ class Glm5NextModel(nn.Module):
             Glm5NextDecoderLayer(config, layer, backend) for layer in skeleton.layers
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
+        self.visual = (
+            Glm5NextVisionModel(config.vision, backend) if config.vision is not None else None
+        )
 
 
 class Glm5NextForCausalLM(CausalLM):
-    """Model types ``glm5_next`` and ``glm5_next_text`` (see :class:`CausalLM`); the vision
-    tower and the MTP layer of a checkpoint are not part of it."""
+    """Model types ``glm5_next`` and ``glm5_next_text`` (see :class:`CausalLM`); a checkpoint's
+    vision tower is ``model.visual`` (run by :mod:`.vision.placement`, which gives ``forward``
+    its ``inputs_embeds``), its MTP layer is not part of it."""
 
     def __init__(
         self,
@@ -132,14 +137,16 @@ class Glm5NextForCausalLM(CausalLM):
         kv_caches: Sequence[LayerCache],
         metadata: AttentionMetadata,
         states: Sequence[LayerState] = (),
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``inputs_embeds (tokens, hidden)``, when given, stand for ``input_ids``' embeddings."""
         layers = cast("Sequence[Glm5NextDecoderLayer]", self.model.layers)
         if len(kv_caches) != len(layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(layers)} layers")
         layer_states = states or ((),) * len(layers)
         if len(layer_states) != len(layers):
             raise ValueError(f"{len(layer_states)} layer states for {len(layers)} layers")
-        hidden = self.model.embed_tokens(input_ids)
+        hidden = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         streams = hidden.unsqueeze(1).expand(-1, self.num_streams, -1).contiguous()
         selections: Selections | None = None
         for layer, cache, state in zip(layers, kv_caches, layer_states, strict=True):
@@ -163,6 +170,11 @@ def check_glm5_next_config(config: ModelConfig) -> None:
             raise ValueError(f"{config.source}: a glm5_next config needs its {name} fields")
     if config.qkv_bias or config.o_proj_bias:
         raise ValueError(f"{config.source}: glm5_next with attention_bias is not supported")
+    if config.vision is not None and config.vision.out_hidden_size != config.hidden_size:
+        raise ValueError(
+            f"{config.source}: vision_config.out_hidden_size ({config.vision.out_hidden_size}) "
+            f"must equal the text hidden_size ({config.hidden_size})"
+        )
     assert config.dsa is not None
     previous_full = False
     for index, kind in enumerate(config.dsa.indexer_types):
