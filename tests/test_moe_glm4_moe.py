@@ -4,34 +4,28 @@ the MTP layer owned by ``weights.mtp``; ``met memory`` of the published GLM-4.5 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from metrale_testing import randomize_weights
+from metrale_testing.engine_parity import (
+    EngineGreedyChecks,
+    assert_ledger_equals_plan,
+    met_memory_plan,
+    plan_weight_bytes,
+)
 from safetensors.torch import load_file, save_file
 
 from metrale_config import model_config_from_hf_file
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import MTP, ROPE_TABLE, RUNTIME_HEADROOM
-from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams, build_engine
-from metrale_server.cli.main import main
 
 transformers = pytest.importorskip("transformers")
 
 GLM_4_5_CONFIG = (
     Path(__file__).parents[1] / "packages/metrale-model-arch/tests/data/glm-4.5/config.json"
 )
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "def add(a, b):",
-    "In 1969, the first humans walked on the moon and then",
-    "The three primary colors are",
-    "My favourite recipe for pancakes starts with flour, eggs and",
-]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 MAX_SEQ_LEN = 64
 TINY = {
     "hidden_size": 64,
@@ -57,7 +51,7 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def glm4_moe_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
+def model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
     """Every parameter and correction bias random; an MTP layer (layer 2: the last layer's
     tensors renumbered and randomized, plus enorm, hnorm, eh_proj, shared_head.norm)."""
     path = tmp_path_factory.mktemp("tiny-glm4_moe")
@@ -74,10 +68,7 @@ def glm4_moe_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: To
         noise = torch.randn(shape, generator=generator)
         return 1.0 + 0.2 * noise if "norm" in name else 0.2 * noise
 
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if "rotary_emb" not in name:
-                tensor.copy_(random(name, tensor.shape))
+    randomize_weights(model, generator, buffers=True)
     model.save_pretrained(path, safe_serialization=True)
     file = path / "model.safetensors"
     tensors = load_file(file)
@@ -96,85 +87,22 @@ def glm4_moe_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: To
     return path
 
 
-def generate(
-    path: Path, prompts: list[str], **engine_args: object
-) -> tuple[Engine, list[RequestOutput]]:
-    args = EngineArgs(
-        model=str(path),
-        dtype="float32",
-        device="cpu",
-        max_seq_len=MAX_SEQ_LEN,
-        **engine_args,  # type: ignore[arg-type]
-    )
-    engine = build_engine(args)
-    return engine, LLM.from_engine(engine).generate(prompts, PARAMS)
-
-
-def tokens(outputs: list[RequestOutput]) -> list[tuple[int, ...]]:
-    return [tuple(o.outputs[0].token_ids) for o in outputs]
-
-
-@pytest.fixture(scope="module")
-def alone(glm4_moe_dir: Path) -> list[tuple[int, ...]]:
-    """Each prompt's greedy tokens with one sequence at a time."""
-    greedy = tokens(generate(glm4_moe_dir, PROMPTS, max_batch_size=1)[1])
-    assert len(set(greedy)) == len(PROMPTS), "a degenerate model proves little"
-    return greedy
-
-
-def test_batched_equals_alone(glm4_moe_dir: Path, alone: list[tuple[int, ...]]) -> None:
-    engine, outputs = generate(glm4_moe_dir, PROMPTS, max_batch_size=len(PROMPTS))
-    assert tokens(outputs) == alone
-    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
-
-
-def test_preemption_equals_alone(glm4_moe_dir: Path, alone: list[tuple[int, ...]]) -> None:
-    engine, outputs = generate(glm4_moe_dir, PROMPTS, max_batch_size=len(PROMPTS), num_kv_blocks=6)
-    assert engine.stats.num_preemptions > 0
-    assert tokens(outputs) == alone
-
-
-def test_chunked_prefill_equals_alone(glm4_moe_dir: Path, alone: list[tuple[int, ...]]) -> None:
-    engine, outputs = generate(
-        glm4_moe_dir, PROMPTS, max_batch_size=len(PROMPTS), max_batch_tokens=11
-    )
-    assert engine.stats.num_partial_prefill_chunks > 0
-    assert tokens(outputs) == alone
+class TestGreedy(EngineGreedyChecks):
+    max_seq_len = MAX_SEQ_LEN
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_ledger_equals_plan_with_the_mtp_owner(glm4_moe_dir: Path, dtype: str) -> None:
-    config = model_config_from_hf_file(glm4_moe_dir)
-    engine = build_engine(
-        EngineArgs(
-            model=str(glm4_moe_dir),
-            dtype=dtype,
-            device="cpu",
-            max_seq_len=MAX_SEQ_LEN,
-            max_batch_size=2,
-            max_batch_tokens=64,
-        )
+def test_ledger_equals_plan_with_the_mtp_owner(model_dir: Path, dtype: str) -> None:
+    config = model_config_from_hf_file(model_dir)
+    # Every saved tensor but the router's float32 ones at the serve dtype, by owner.
+    engine = assert_ledger_equals_plan(
+        model_dir,
+        dtype,
+        max_seq_len=MAX_SEQ_LEN,
+        float32_names=".mlp.gate.",
+        mtp_prefix="model.layers.2.",
     )
     allocated = engine.plan.allocated_by_owner()
-    assert engine.ledger.live_bytes_by_owner() == allocated
-    assert engine.ledger.live_bytes() == sum(allocated.values())
-    # Every saved tensor but the router's float32 ones at the serve dtype, by owner.
-    dtype_bytes = 4 if dtype == "float32" else 2
-    expected = {"weights.embeddings": 0, "weights.layers": 0, MTP: 0}
-    expected.update({"weights.final_norm": 0, "weights.lm_head": 0})
-    for name, tensor in load_file(glm4_moe_dir / "model.safetensors").items():
-        size = tensor.numel() * (4 if ".mlp.gate." in name else dtype_bytes)
-        if name.startswith("model.layers.2."):
-            expected[MTP] += size
-        elif name.startswith("model.layers."):
-            expected["weights.layers"] += size
-        elif name.startswith("model.embed_tokens."):
-            expected["weights.embeddings"] += size
-        elif name.startswith("model.norm."):
-            expected["weights.final_norm"] += size
-        else:
-            expected["weights.lm_head"] += size
-    assert {o: s for o, s in allocated.items() if o.startswith("weights.")} == expected
     assert allocated[MTP] > 0
     # Half of each 16-wide head is rotated: an 8-wide float32 table per position.
     assert allocated[ROPE_TABLE] == MAX_SEQ_LEN * 8 * 4
@@ -183,14 +111,10 @@ def test_ledger_equals_plan_with_the_mtp_owner(glm4_moe_dir: Path, dtype: str) -
 
 
 def test_met_memory_of_the_published_glm_4_5_config() -> None:
-    args = ["memory", str(GLM_4_5_CONFIG), "--device", "cuda", "--device-memory-gib", "1200"]
-    args += ["--max-batch-size", "8", "--max-seq-len", "16384", "--json"]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    plan = json.loads(result.stdout)
+    plan = met_memory_plan(GLM_4_5_CONFIG, device_memory_gib=1200)
     assert plan["model_type"] == "glm4_moe"
     owners = plan["by_owner"]
-    weights = sum(size for owner, size in owners.items() if owner.startswith("weights."))
+    weights = plan_weight_bytes(plan)
     # The published checkpoint: ~716 GB in bfloat16 (its MTP layer's copies of the embedding
     # and head are not loaded: MTP shares the target's).
     assert abs(weights / 716e9 - 1) < 0.01

@@ -5,43 +5,36 @@ group-limited softmax routing, V3's sigmoid routing; and the published DeepSeek-
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import torch
-from metrale_testing import paged_greedy, transformers_greedy
+from metrale_testing import randomize_weights
+from metrale_testing.family_parity import (
+    Bfloat16ParityChecks,
+    FamilyCheckpoint,
+    assert_counts_equal_transformers,
+    load_checkpoint,
+)
 from safetensors.torch import load_file, save_file
 
-from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
+from metrale_config import model_config_from_hf_dict, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.cache_spec import MlaLatentSpec
 from metrale_model_arch.counts.deepseek import deepseek_param_counts
-from metrale_model_arch.families.compiled_steps import can_compile
 from metrale_model_arch.families.deepseek import DeepseekForCausalLM
+from metrale_model_arch.families.deepseek.attention import mla_softmax_scale
 from metrale_model_arch.families.deepseek.moe import DeepseekV2MoeBlock
-from metrale_model_arch.families.deepseek.yarn import (
-    mla_softmax_scale,
-    yarn_attention_factor,
-    yarn_inv_freq,
-)
 from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
-from metrale_model_arch.families.native_steps import native_executor
+from metrale_model_arch.families.rotary import yarn_attention_factor, yarn_inv_freq
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
-from metrale_model_arch.memory.weights import weight_bytes
 from metrale_model_arch.registry import cache_specs, family_for
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 256
-BLOCK_SIZE = 4
-NUM_GREEDY_TOKENS = 32
 PROMPT_LENS = (1, 7, 13, 26)
-# Logits within this of transformers' (float32); measured at most ~7e-6.
-LOGITS_ATOL = 1e-4
 SMALL = {
     "vocab_size": VOCAB_SIZE,
     "hidden_size": 64,
@@ -150,26 +143,11 @@ HF_CLASSES = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    name: str
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    prompts: dict[int, list[int]]
-
-
 def save_tiny_deepseek(path: Path, model_type: str, seed: int = 0, **kwargs: Any) -> Any:
     config_class, model_class = HF_CLASSES[model_type]
     hf_config = getattr(transformers, config_class)(**kwargs)
     hf_model = getattr(transformers, model_class)(hf_config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*hf_model.named_parameters(), *hf_model.named_buffers()]:
-            if "rotary_emb" in name:
-                continue
-            noise = torch.randn(tensor.shape, generator=generator)
-            tensor.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+    randomize_weights(hf_model, torch.Generator().manual_seed(seed), buffers=True)
     hf_model.save_pretrained(path, safe_serialization=True)
     return hf_model
 
@@ -177,37 +155,20 @@ def save_tiny_deepseek(path: Path, model_type: str, seed: int = 0, **kwargs: Any
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Checkpoint:
+) -> FamilyCheckpoint:
     path = tmp_path_factory.mktemp(request.param)
     model_type, kwargs = CASES[request.param]
     hf_model = save_tiny_deepseek(path, model_type, **SMALL, **kwargs)
-    generator = torch.Generator().manual_seed(1)
-    prompts = {
-        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
-        for seq_id, length in enumerate(PROMPT_LENS)
-    }
-    return Checkpoint(
-        name=request.param,
-        path=path,
-        config=model_config_from_hf_file(path),
-        hf_model=hf_model,
-        prompts=prompts,
-    )
+    return FamilyCheckpoint.saved(request.param, path, hf_model, PROMPT_LENS)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DeepseekForCausalLM:
-    options = LoadOptions(dtype=dtype, device="cpu")
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
-    assert isinstance(model, DeepseekForCausalLM)
-    return model
+class TestParity(Bfloat16ParityChecks):
+    """Logits within 1e-4 of transformers' (float32; measured at most ~7e-6)."""
+
+    family = DeepseekForCausalLM
 
 
-def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
-
-
-def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+def test_config_exercises_the_case(checkpoint: FamilyCheckpoint) -> None:
     config = checkpoint.config
     model_type, kwargs = CASES[checkpoint.name]
     assert config.model_type == model_type
@@ -235,28 +196,19 @@ def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
     # Every layer caches the latent and the RoPE key: 32 + 8 values a token.
     specs = cache_specs(config, indexer_paged=True)
     assert specs == (MlaLatentSpec(kv_lora_rank=32, qk_rope_head_dim=8),) * len(specs)
-    model = load(checkpoint)
+    model = load_checkpoint(checkpoint, DeepseekForCausalLM)
     sparse_block = DeepseekV2MoeBlock if model_type == "deepseek_v2" else GlmMoeBlock
     mlps = [type(layer.mlp) for layer in model.model.layers]
     assert mlps[first_dense:] == [sparse_block] * (len(mlps) - first_dense)
 
 
-def test_parameter_counts_equal_transformers(checkpoint: Checkpoint) -> None:
-    counts = deepseek_param_counts(checkpoint.config)
-    hf_params = sum(p.numel() for p in checkpoint.hf_model.parameters())
-    hf_buffers = sum(b.numel() for n, b in checkpoint.hf_model.named_buffers() if "rotary" not in n)
-    ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
-    assert ours + counts.layers_fp32 == hf_params + hf_buffers
-    model = load(checkpoint)
-    assert sum(p.numel() for p in model.parameters()) == ours + counts.layers_fp32
-    # The router and the correction bias stay float32 at any serve dtype, as counted.
-    bf16 = load(checkpoint, torch.bfloat16)
-    kept = sum(p.numel() for p in bf16.parameters() if p.dtype == torch.float32)
-    assert kept == counts.layers_fp32
-    assert weight_bytes(checkpoint.config, 2).total() == 2 * ours + 4 * counts.layers_fp32
+def test_parameter_counts_equal_transformers(checkpoint: FamilyCheckpoint) -> None:
+    assert_counts_equal_transformers(
+        checkpoint, deepseek_param_counts(checkpoint.config), DeepseekForCausalLM
+    )
 
 
-def test_yarn_table_and_softmax_scale_equal_transformers(checkpoint: Checkpoint) -> None:
+def test_yarn_table_and_softmax_scale_equal_transformers(checkpoint: FamilyCheckpoint) -> None:
     scaling = checkpoint.config.rope_scaling
     attention = checkpoint.hf_model.model.layers[0].self_attn
     assert mla_softmax_scale(checkpoint.config) == pytest.approx(attention.scaling, rel=1e-12)
@@ -266,79 +218,6 @@ def test_yarn_table_and_softmax_scale_equal_transformers(checkpoint: Checkpoint)
     inv_freq = yarn_inv_freq(SMALL["qk_rope_head_dim"], checkpoint.config.rope_theta, scaling)
     torch.testing.assert_close(inv_freq, rotary.inv_freq, atol=0, rtol=0)
     assert yarn_attention_factor(scaling) == pytest.approx(rotary.attention_scaling, rel=1e-12)
-
-
-def test_ragged_prefill_matches_transformers(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
-    logits = runner.step(checkpoint.prompts)
-    for seq_id, prompt in checkpoint.prompts.items():
-        expected = hf_logits(checkpoint, prompt)
-        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
-        torch.testing.assert_close(logits[seq_id], expected, atol=LOGITS_ATOL, rtol=0)
-
-
-def greedy(
-    model: DeepseekForCausalLM,
-    prompts: dict[int, list[int]],
-    paged_runner: Callable[..., Any],
-    seed: int,
-) -> dict[int, list[int]]:
-    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
-    return paged_greedy(runner, prompts, NUM_GREEDY_TOKENS)
-
-
-def test_batched_greedy_decode_matches_transformers_generate_and_alone(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    expected = {
-        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
-        for seq_id, prompt in checkpoint.prompts.items()
-    }
-    model = load(checkpoint)
-    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
-    alone = greedy(model, {3: checkpoint.prompts[3]}, paged_runner, seed=7)
-    assert alone[3] == expected[3]
-
-
-def test_chunked_prefill_matches_one_shot(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    model = load(checkpoint)
-    prompt, other = checkpoint.prompts[3], checkpoint.prompts[2]
-    first_cut, second_cut = 9, 19
-    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
-    first = chunked.step({0: prompt[:first_cut]})[0]
-    # The second chunk shares its step with another sequence's whole prefill.
-    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
-    third = chunked.step({0: prompt[second_cut:]})[0]
-    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
-    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
-
-
-def test_bfloat16_model_is_as_close_to_float32_as_transformers_bfloat16(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompt = checkpoint.prompts[3]
-    model = load(checkpoint, torch.bfloat16)
-    ours = paged_runner(model, num_blocks=16, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    assert ours.dtype == torch.bfloat16
-    with torch.inference_mode():
-        hf_bf16 = copy.deepcopy(checkpoint.hf_model).to(torch.bfloat16)
-        theirs = hf_bf16(torch.tensor([prompt])).logits[0]
-    exact = hf_logits(checkpoint, prompt)
-    our_error = (ours.float() - exact).abs().mean()
-    their_error = (theirs.float() - exact).abs().mean()
-    assert our_error <= 1.25 * their_error + 1e-3, (our_error, their_error)
-
-
-def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
-    model = load(checkpoint)
-    assert not can_compile(model)
-    assert native_executor(model) is None
-    assert model.executor_name == "eager"
 
 
 def test_mtp_layers_in_the_checkpoint_are_skipped(tmp_path: Path) -> None:

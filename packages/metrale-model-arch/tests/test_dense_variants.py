@@ -3,31 +3,23 @@ transformers: tiny random models, every parameter randomized, float32."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import torch
-from metrale_testing import paged_greedy, transformers_greedy
+from metrale_testing.family_parity import Bfloat16ParityChecks, FamilyCheckpoint, load_checkpoint
 
 from metrale_config import ModelConfig, NormLayout, model_config_from_hf_file
-from metrale_model_arch import LoadOptions
 from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
-from metrale_model_arch.families.compiled_steps import can_compile
 from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
-from metrale_model_arch.families.native_steps import native_executor
-from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.registry import family_for
 from metrale_model_arch.rope_layout import num_rope_tables
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 256
-BLOCK_SIZE = 4
-NUM_GREEDY_TOKENS = 32
 PROMPT_LENS = (1, 5, 11, 17, 26)
 # phi3's LongRoPE runs within its original context, here every prompt and its greedy tokens.
 ORIGINAL_MAX_POSITIONS = 64
@@ -117,15 +109,6 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    name: str
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    prompts: dict[int, list[int]]
-
-
 def randomize(model: Any, is_gemma: bool) -> None:
     """Every parameter random: norms near their identity (gemma's ``1 + w`` around 0). Gemma's
     embeddings (times sqrt(hidden), tied to the head) get less noise, so the layers, not the
@@ -141,41 +124,22 @@ def randomize(model: Any, is_gemma: bool) -> None:
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Checkpoint:
+) -> FamilyCheckpoint:
     config_class, model_class, kwargs = CASES[request.param]
     hf_config = getattr(transformers, config_class)(**SMALL, **kwargs)
     hf_model = getattr(transformers, model_class)(hf_config).eval()
     randomize(hf_model, is_gemma=request.param.startswith("gemma"))
     path = tmp_path_factory.mktemp(request.param)
     hf_model.save_pretrained(path, safe_serialization=True)
-    generator = torch.Generator().manual_seed(1)
-    prompts = {
-        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
-        for seq_id, length in enumerate(PROMPT_LENS)
-    }
-    return Checkpoint(
-        name=request.param,
-        path=path,
-        config=model_config_from_hf_file(path),
-        hf_model=hf_model,
-        prompts=prompts,
-    )
+    max_seq_len = ORIGINAL_MAX_POSITIONS if "longrope" in request.param else None
+    return FamilyCheckpoint.saved(request.param, path, hf_model, PROMPT_LENS, max_seq_len)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> DenseVariantForCausalLM:
-    max_seq_len = ORIGINAL_MAX_POSITIONS if "longrope" in checkpoint.name else None
-    options = LoadOptions(dtype=dtype, device="cpu", max_seq_len=max_seq_len)
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
-    assert isinstance(model, DenseVariantForCausalLM)
-    return model
+class TestParity(Bfloat16ParityChecks):
+    family = DenseVariantForCausalLM
 
 
-def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
-
-
-def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+def test_config_exercises_the_case(checkpoint: FamilyCheckpoint) -> None:
     config, name = checkpoint.config, checkpoint.name
     assert family_for(config) is DenseVariantForCausalLM
     assert config.num_key_value_heads < config.num_attention_heads
@@ -196,84 +160,13 @@ def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
         assert len(set(config.layer_types)) == (1 if name.startswith("phi3") else 2)
 
 
-def test_parameter_counts_equal_transformers(checkpoint: Checkpoint) -> None:
+def test_parameter_counts_equal_transformers(checkpoint: FamilyCheckpoint) -> None:
     counts = dense_variant_param_counts(checkpoint.config)
     ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
     assert ours == sum(p.numel() for p in checkpoint.hf_model.parameters())
-    assert ours == sum(p.numel() for p in load(checkpoint).parameters())
-
-
-def test_ragged_prefill_matches_transformers(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
-    logits = runner.step(checkpoint.prompts)
-    for seq_id, prompt in checkpoint.prompts.items():
-        expected = hf_logits(checkpoint, prompt)
-        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
-        torch.testing.assert_close(logits[seq_id], expected, atol=1e-4, rtol=0)
-
-
-def greedy(
-    model: DenseVariantForCausalLM,
-    prompts: dict[int, list[int]],
-    paged_runner: Callable[..., Any],
-    seed: int,
-) -> dict[int, list[int]]:
-    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
-    return paged_greedy(runner, prompts, NUM_GREEDY_TOKENS)
-
-
-def test_batched_greedy_decode_matches_transformers_generate_and_alone(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    expected = {
-        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
-        for seq_id, prompt in checkpoint.prompts.items()
-    }
-    model = load(checkpoint)
-    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
-    alone = greedy(model, {4: checkpoint.prompts[4]}, paged_runner, seed=7)
-    assert alone[4] == expected[4]
-
-
-def test_chunked_prefill_matches_one_shot(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    model = load(checkpoint)
-    prompt, other = checkpoint.prompts[4], checkpoint.prompts[2]
-    first_cut, second_cut = 9, 19
-    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
-    first = chunked.step({0: prompt[:first_cut]})[0]
-    # The second chunk shares its step with another sequence's whole prefill.
-    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
-    third = chunked.step({0: prompt[second_cut:]})[0]
-    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
-    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
-
-
-def test_bfloat16_model_is_as_close_to_float32_as_transformers_bfloat16(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompt = checkpoint.prompts[4]
-    model = load(checkpoint, torch.bfloat16)
-    ours = paged_runner(model, num_blocks=16, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    assert ours.dtype == torch.bfloat16
-    with torch.inference_mode():
-        hf_bf16 = copy.deepcopy(checkpoint.hf_model).to(torch.bfloat16)
-        theirs = hf_bf16(torch.tensor([prompt])).logits[0]
-    exact = hf_logits(checkpoint, prompt)
-    our_error = (ours.float() - exact).abs().mean()
-    their_error = (theirs.float() - exact).abs().mean()
-    assert our_error <= 1.25 * their_error + 1e-3, (our_error, their_error)
-
-
-def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
-    model = load(checkpoint)
-    assert not can_compile(model)
-    assert native_executor(model) is None
-    assert model.executor_name == "eager"
+    assert ours == sum(
+        p.numel() for p in load_checkpoint(checkpoint, DenseVariantForCausalLM).parameters()
+    )
 
 
 def test_the_llama_family_refuses_the_variants_switches(tiny_config: ModelConfig) -> None:

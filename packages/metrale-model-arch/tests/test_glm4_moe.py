@@ -5,25 +5,23 @@ first run as its formula says."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import torch
-from metrale_testing import paged_greedy, save_tiny_glm4_moe, transformers_greedy
+from metrale_testing import save_tiny_glm4_moe
+from metrale_testing.family_parity import FamilyCheckpoint, FamilyParityChecks, load_checkpoint
 from safetensors.torch import load_file
 
-from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
+from metrale_config import RopeScaling, model_config_from_hf_file
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadOptions, allocate_kv_cache
 from metrale_model_arch.build import CheckpointError
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
-from metrale_model_arch.families.compiled_steps import can_compile
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, Glm4MoeMtpLayer
 from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
-from metrale_model_arch.families.native_steps import native_executor
 from metrale_model_arch.kv_cache import allocate_layer_cache
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.memory import mtp_cache_spec, mtp_kv_bytes_per_token
@@ -36,7 +34,6 @@ transformers = pytest.importorskip("transformers")
 VOCAB_SIZE = 256
 BLOCK_SIZE = 4
 PROMPT_LEN = 13
-NUM_GREEDY_TOKENS = 32
 PROMPT_LENS = (1, 7, 13, 26)
 SMALL = {
     "vocab_size": VOCAB_SIZE,
@@ -88,57 +85,36 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    name: str
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    prompts: dict[int, list[int]]
-    mtp_tensors: dict[str, torch.Tensor]
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Checkpoint:
+) -> FamilyCheckpoint:
     path = tmp_path_factory.mktemp(request.param)
     hf_model = save_tiny_glm4_moe(path, **SMALL, **CASES[request.param])
-    generator = torch.Generator().manual_seed(1)
-    prompts = {
-        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
-        for seq_id, length in enumerate(PROMPT_LENS)
-    }
-    num_layers = hf_model.config.num_hidden_layers
-    saved = load_file(path / "model.safetensors")
-    mtp_tensors = {
+    return FamilyCheckpoint.saved(request.param, path, hf_model, PROMPT_LENS)
+
+
+@pytest.fixture(scope="module")
+def mtp_tensors(checkpoint: FamilyCheckpoint) -> dict[str, torch.Tensor]:
+    """The saved MTP layers' tensors (``model.layers.{num_hidden_layers + k}.*``)."""
+    num_layers = checkpoint.hf_model.config.num_hidden_layers
+    saved = load_file(checkpoint.path / "model.safetensors")
+    return {
         name: tensor
         for name, tensor in saved.items()
         if name.startswith("model.layers.") and int(name.split(".")[2]) >= num_layers
     }
-    return Checkpoint(
-        name=request.param,
-        path=path,
-        config=model_config_from_hf_file(path),
-        hf_model=hf_model,
-        prompts=prompts,
-        mtp_tensors=mtp_tensors,
-    )
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> Glm4MoeForCausalLM:
-    options = LoadOptions(dtype=dtype, device="cpu")
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
-    assert isinstance(model, Glm4MoeForCausalLM)
-    return model
+class TestParity(FamilyParityChecks):
+    family = Glm4MoeForCausalLM
 
 
-def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
+def load(checkpoint: FamilyCheckpoint, dtype: torch.dtype = torch.float32) -> Glm4MoeForCausalLM:
+    return load_checkpoint(checkpoint, Glm4MoeForCausalLM, dtype)
 
 
-def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+def test_config_exercises_the_case(checkpoint: FamilyCheckpoint) -> None:
     config, kwargs = checkpoint.config, CASES[checkpoint.name]
     assert family_for(config) is Glm4MoeForCausalLM
     assert config.moe is not None
@@ -162,14 +138,16 @@ def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
     assert config.tie_word_embeddings == kwargs.get("tie_word_embeddings", False)
 
 
-def test_parameter_counts_equal_transformers_plus_the_mtp_layers(checkpoint: Checkpoint) -> None:
+def test_parameter_counts_equal_transformers_plus_the_mtp_layers(
+    checkpoint: FamilyCheckpoint, mtp_tensors: dict[str, torch.Tensor]
+) -> None:
     counts = glm4_moe_param_counts(checkpoint.config)
     hf_params = sum(p.numel() for p in checkpoint.hf_model.parameters())
     hf_buffers = sum(b.numel() for n, b in checkpoint.hf_model.named_buffers() if "rotary" not in n)
     ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
     assert ours + counts.layers_fp32 == hf_params + hf_buffers
     copies = ("embed_tokens.weight", "shared_head.head.weight")
-    mtp_numel = sum(t.numel() for n, t in checkpoint.mtp_tensors.items() if not n.endswith(copies))
+    mtp_numel = sum(t.numel() for n, t in mtp_tensors.items() if not n.endswith(copies))
     assert counts.mtp + counts.mtp_fp32 == mtp_numel
     model = load(checkpoint)
     assert sum(p.numel() for p in model.parameters()) == ours + counts.layers_fp32 + mtp_numel
@@ -182,7 +160,9 @@ def test_parameter_counts_equal_transformers_plus_the_mtp_layers(checkpoint: Che
 
 
 def test_mtp_layers_are_loaded_and_owned(
-    checkpoint: Checkpoint, caplog: pytest.LogCaptureFixture
+    checkpoint: FamilyCheckpoint,
+    mtp_tensors: dict[str, torch.Tensor],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="metrale.load"):
         model = load(checkpoint, torch.bfloat16)
@@ -194,7 +174,7 @@ def test_mtp_layers_are_loaded_and_owned(
         assert isinstance(layer, Glm4MoeMtpLayer)
         assert isinstance(layer.mlp, GlmMoeBlock)
         prefix = f"model.layers.{config.num_hidden_layers + k}."
-        saved = checkpoint.mtp_tensors
+        saved = mtp_tensors
         torch.testing.assert_close(
             layer.eh_proj.weight, saved[prefix + "eh_proj.weight"].bfloat16(), atol=0, rtol=0
         )
@@ -224,7 +204,9 @@ def test_a_checkpoint_without_its_declared_mtp_layer_is_refused(tmp_path: Path) 
         load_safetensors_model(tmp_path, config, LoadOptions(device="cpu"))
 
 
-def test_num_nextn_predict_layers_0_serves_without_the_mtp_layers(checkpoint: Checkpoint) -> None:
+def test_num_nextn_predict_layers_0_serves_without_the_mtp_layers(
+    checkpoint: FamilyCheckpoint,
+) -> None:
     config = attrs.evolve(checkpoint.config, mtp=None)
     model = load_safetensors_model(checkpoint.path, config, LoadOptions(device="cpu"))
     assert isinstance(model, Glm4MoeForCausalLM)
@@ -232,67 +214,10 @@ def test_num_nextn_predict_layers_0_serves_without_the_mtp_layers(checkpoint: Ch
     assert MTP not in weight_bytes(config, 4).by_owner()
 
 
-def test_scaled_rope_is_refused(checkpoint: Checkpoint) -> None:
+def test_scaled_rope_is_refused(checkpoint: FamilyCheckpoint) -> None:
     scaling = RopeScaling(rope_type="linear", factor=2.0)
     with pytest.raises(ValueError, match="plain RoPE only"):
         Glm4MoeForCausalLM(attrs.evolve(checkpoint.config, rope_scaling=scaling))
-
-
-def test_ragged_prefill_matches_transformers(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
-    logits = runner.step(checkpoint.prompts)
-    for seq_id, prompt in checkpoint.prompts.items():
-        expected = hf_logits(checkpoint, prompt)
-        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
-        torch.testing.assert_close(logits[seq_id], expected, atol=1e-4, rtol=0)
-
-
-def greedy(
-    model: Glm4MoeForCausalLM,
-    prompts: dict[int, list[int]],
-    paged_runner: Callable[..., Any],
-    seed: int,
-) -> dict[int, list[int]]:
-    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
-    return paged_greedy(runner, prompts, NUM_GREEDY_TOKENS)
-
-
-def test_batched_greedy_decode_matches_transformers_generate_and_alone(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    expected = {
-        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
-        for seq_id, prompt in checkpoint.prompts.items()
-    }
-    model = load(checkpoint)
-    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
-    alone = greedy(model, {3: checkpoint.prompts[3]}, paged_runner, seed=7)
-    assert alone[3] == expected[3]
-
-
-def test_chunked_prefill_matches_one_shot(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    model = load(checkpoint)
-    prompt, other = checkpoint.prompts[3], checkpoint.prompts[2]
-    first_cut, second_cut = 9, 19
-    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
-    first = chunked.step({0: prompt[:first_cut]})[0]
-    # The second chunk shares its step with another sequence's whole prefill.
-    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
-    third = chunked.step({0: prompt[second_cut:]})[0]
-    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
-    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
-
-
-def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
-    model = load(checkpoint)
-    assert not can_compile(model)
-    assert native_executor(model) is None
-    assert model.executor_name == "eager"
 
 
 GLM_4_5_DIR = Path(__file__).parent / "data" / "glm-4.5"
@@ -376,7 +301,7 @@ def reference_mtp(
 
 
 @torch.inference_mode()
-def test_mtp_forward_matches_the_formula(checkpoint: Checkpoint) -> None:
+def test_mtp_forward_matches_the_formula(checkpoint: FamilyCheckpoint) -> None:
     """MTP layer 0 against h' = Block(eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)])) and
     logits = lm_head(shared_head.norm(h')) written in plain torch over the saved tensors (the
     block: transformers' decoder layer holding the MTP block's weights; ``h_i``: transformers'

@@ -5,7 +5,6 @@ gpt-oss-120b plan."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,17 +13,21 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from metrale_testing import paged_greedy, transformers_greedy
+from metrale_testing.family_parity import (
+    Bfloat16ParityChecks,
+    FamilyCheckpoint,
+    assert_counts_equal_transformers,
+    hf_logits,
+    load_checkpoint,
+)
 from safetensors.torch import load_file, save_file
 
-from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
+from metrale_config import RopeScaling, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.cache_spec import FullAttentionSpec, SlidingWindowSpec
 from metrale_model_arch.counts.gpt_oss import gpt_oss_param_counts
-from metrale_model_arch.families.compiled_steps import can_compile
-from metrale_model_arch.families.deepseek.yarn import yarn_attention_factor, yarn_inv_freq
 from metrale_model_arch.families.gpt_oss import GptOssForCausalLM
-from metrale_model_arch.families.native_steps import native_executor
+from metrale_model_arch.families.rotary import yarn_attention_factor, yarn_inv_freq
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.mxfp4_checkpoints import (
     E8M0_BIAS,
@@ -39,7 +42,6 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 256
 BLOCK_SIZE = 4
-NUM_GREEDY_TOKENS = 32
 PROMPT_LENS = (1, 7, 13, 26)
 # Logits within this of transformers' (float32); measured at most 6e-6.
 LOGITS_ATOL = 1e-4
@@ -93,15 +95,6 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    name: str
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    prompts: dict[int, list[int]]
-
-
 def save_tiny_gpt_oss(path: Path, seed: int = 0, **kwargs: Any) -> Any:
     hf_model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**kwargs)).eval()
     generator = torch.Generator().manual_seed(seed)
@@ -117,36 +110,24 @@ def save_tiny_gpt_oss(path: Path, seed: int = 0, **kwargs: Any) -> Any:
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoint(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Checkpoint:
+) -> FamilyCheckpoint:
     path = tmp_path_factory.mktemp(request.param)
     hf_model = save_tiny_gpt_oss(path, **SMALL, **CASES[request.param])
-    generator = torch.Generator().manual_seed(1)
-    prompts = {
-        seq_id: torch.randint(VOCAB_SIZE, (length,), generator=generator).tolist()
-        for seq_id, length in enumerate(PROMPT_LENS)
-    }
-    return Checkpoint(
-        name=request.param,
-        path=path,
-        config=model_config_from_hf_file(path),
-        hf_model=hf_model,
-        prompts=prompts,
-    )
+    return FamilyCheckpoint.saved(request.param, path, hf_model, PROMPT_LENS)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> GptOssForCausalLM:
-    options = LoadOptions(dtype=dtype, device="cpu")
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
-    assert isinstance(model, GptOssForCausalLM)
-    return model
+class TestParity(Bfloat16ParityChecks):
+    family = GptOssForCausalLM
+    logits_atol = LOGITS_ATOL
+
+    def bfloat16_prompts(self, checkpoint: FamilyCheckpoint) -> list[list[int]]:
+        # Over several prompts: a router's choice flipped by bfloat16 on one token moves a
+        # single prompt's error several-fold, either way (measured: 3.5x ours, 0.3x theirs).
+        generator = torch.Generator().manual_seed(5)
+        return [torch.randint(VOCAB_SIZE, (24,), generator=generator).tolist() for _ in range(8)]
 
 
-def hf_logits(checkpoint: Checkpoint, prompt: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return checkpoint.hf_model(torch.tensor([prompt])).logits[0]
-
-
-def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
+def test_config_exercises_the_case(checkpoint: FamilyCheckpoint) -> None:
     config, kwargs = checkpoint.config, CASES[checkpoint.name]
     assert family_for(config) is GptOssForCausalLM
     assert config.layer_types == tuple(checkpoint.hf_model.config.layer_types)
@@ -166,21 +147,13 @@ def test_config_exercises_the_case(checkpoint: Checkpoint) -> None:
     )
 
 
-def test_parameter_counts_equal_transformers(checkpoint: Checkpoint) -> None:
-    counts = gpt_oss_param_counts(checkpoint.config)
-    hf_params = sum(p.numel() for p in checkpoint.hf_model.parameters())
-    ours = counts.embeddings + counts.layers + counts.final_norm + counts.lm_head
-    assert ours + counts.layers_fp32 == hf_params
-    model = load(checkpoint)
-    assert sum(p.numel() for p in model.parameters()) == ours + counts.layers_fp32
-    # The router's weight and bias stay float32 at any serve dtype, as counted.
-    bf16 = load(checkpoint, torch.bfloat16)
-    kept = sum(p.numel() for p in bf16.parameters() if p.dtype == torch.float32)
-    assert kept == counts.layers_fp32
-    assert weight_bytes(checkpoint.config, 2).total() == 2 * ours + 4 * counts.layers_fp32
+def test_parameter_counts_equal_transformers(checkpoint: FamilyCheckpoint) -> None:
+    assert_counts_equal_transformers(
+        checkpoint, gpt_oss_param_counts(checkpoint.config), GptOssForCausalLM
+    )
 
 
-def test_rope_table_equals_transformers(checkpoint: Checkpoint) -> None:
+def test_rope_table_equals_transformers(checkpoint: FamilyCheckpoint) -> None:
     scaling = checkpoint.config.rope_scaling
     rotary = checkpoint.hf_model.model.rotary_emb
     if scaling is None:
@@ -191,22 +164,11 @@ def test_rope_table_equals_transformers(checkpoint: Checkpoint) -> None:
     assert yarn_attention_factor(scaling) == pytest.approx(rotary.attention_scaling, rel=1e-12)
 
 
-def test_ragged_prefill_matches_transformers(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    runner = paged_runner(load(checkpoint), num_blocks=64, block_size=BLOCK_SIZE)
-    logits = runner.step(checkpoint.prompts)
-    for seq_id, prompt in checkpoint.prompts.items():
-        expected = hf_logits(checkpoint, prompt)
-        assert logits[seq_id].shape == (len(prompt), VOCAB_SIZE)
-        torch.testing.assert_close(logits[seq_id], expected, atol=LOGITS_ATOL, rtol=0)
-
-
 @pytest.mark.parametrize("mutant", ["no sinks", "no clamp", "no window"])
 def test_each_part_is_exercised(
-    checkpoint: Checkpoint, mutant: str, paged_runner: Callable[..., Any]
+    checkpoint: FamilyCheckpoint, mutant: str, paged_runner: Callable[..., Any]
 ) -> None:
-    model = load(checkpoint)
+    model = load_checkpoint(checkpoint, GptOssForCausalLM)
     for layer in model.model.layers:
         if mutant == "no sinks":
             layer.self_attn.sinks.data.fill_(float("-inf"))
@@ -216,75 +178,7 @@ def test_each_part_is_exercised(
             layer.self_attn.sliding_window = None
     prompt = checkpoint.prompts[3]
     ours = paged_runner(model, num_blocks=16, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    assert (ours - hf_logits(checkpoint, prompt)).abs().max() > 100 * LOGITS_ATOL
-
-
-def greedy(
-    model: GptOssForCausalLM,
-    prompts: dict[int, list[int]],
-    paged_runner: Callable[..., Any],
-    seed: int,
-) -> dict[int, list[int]]:
-    runner = paged_runner(model, num_blocks=128, block_size=BLOCK_SIZE, seed=seed)
-    return paged_greedy(runner, prompts, NUM_GREEDY_TOKENS)
-
-
-def test_batched_greedy_decode_matches_transformers_generate_and_alone(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    expected = {
-        seq_id: transformers_greedy(checkpoint.hf_model, prompt, NUM_GREEDY_TOKENS)
-        for seq_id, prompt in checkpoint.prompts.items()
-    }
-    model = load(checkpoint)
-    assert greedy(model, checkpoint.prompts, paged_runner, seed=3) == expected
-    alone = greedy(model, {3: checkpoint.prompts[3]}, paged_runner, seed=7)
-    assert alone[3] == expected[3]
-
-
-def test_chunked_prefill_matches_one_shot(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    model = load(checkpoint)
-    prompt, other = checkpoint.prompts[3], checkpoint.prompts[2]
-    first_cut, second_cut = 9, 19
-    one_shot = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE).step({0: prompt})[0]
-    chunked = paged_runner(model, num_blocks=32, block_size=BLOCK_SIZE, seed=5)
-    first = chunked.step({0: prompt[:first_cut]})[0]
-    # The second chunk shares its step with another sequence's whole prefill.
-    second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
-    third = chunked.step({0: prompt[second_cut:]})[0]
-    torch.testing.assert_close(torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0)
-    torch.testing.assert_close(second[1], hf_logits(checkpoint, other), atol=1e-4, rtol=0)
-
-
-def test_bfloat16_model_is_as_close_to_float32_as_transformers_bfloat16(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    # Over several prompts: a router's choice flipped by bfloat16 on one token moves a single
-    # prompt's error several-fold, either way (measured: 3.5x ours, 0.3x theirs).
-    model = load(checkpoint, torch.bfloat16)
-    hf_bf16 = copy.deepcopy(checkpoint.hf_model).to(torch.bfloat16)
-    generator = torch.Generator().manual_seed(5)
-    our_errors, their_errors = [], []
-    for _ in range(8):
-        prompt = torch.randint(VOCAB_SIZE, (24,), generator=generator).tolist()
-        ours = paged_runner(model, num_blocks=16, block_size=BLOCK_SIZE).step({0: prompt})[0]
-        assert ours.dtype == torch.bfloat16
-        with torch.inference_mode():
-            theirs = hf_bf16(torch.tensor([prompt])).logits[0]
-        exact = hf_logits(checkpoint, prompt)
-        our_errors.append((ours.float() - exact).abs().mean())
-        their_errors.append((theirs.float() - exact).abs().mean())
-    our_error, their_error = sum(our_errors) / 8, sum(their_errors) / 8
-    assert our_error <= 1.25 * their_error + 1e-3, (our_error, their_error)
-
-
-def test_no_fused_llama_executor_takes_it(checkpoint: Checkpoint) -> None:
-    model = load(checkpoint)
-    assert not can_compile(model)
-    assert native_executor(model) is None
-    assert model.executor_name == "eager"
+    assert (ours - hf_logits(checkpoint.hf_model, prompt)).abs().max() > 100 * LOGITS_ATOL
 
 
 def mxfp4_parts(
@@ -372,7 +266,7 @@ def test_the_published_gpt_oss_120b_plan_equals_transformers() -> None:
     assert specs == specs[:2] * 18
 
 
-def test_what_it_cannot_run_is_refused_by_name(checkpoint: Checkpoint) -> None:
+def test_what_it_cannot_run_is_refused_by_name(checkpoint: FamilyCheckpoint) -> None:
     scaling = RopeScaling(rope_type="linear", factor=2.0)
     with pytest.raises(ValueError, match="gpt_oss with rope_type 'linear' is not supported"):
         GptOssForCausalLM(attrs.evolve(checkpoint.config, rope_scaling=scaling))

@@ -7,7 +7,12 @@ plugin loads in every test session, metrale-config's included, without torch bei
 
 from __future__ import annotations
 
-from metrale_testing.checkpoints import save_random_model, save_tiny_glm4_moe, save_tiny_llama
+from metrale_testing.checkpoints import (
+    randomize_weights,
+    save_random_model,
+    save_tiny_glm4_moe,
+    save_tiny_llama,
+)
 from metrale_testing.greedy import paged_greedy, transformers_greedy
 from metrale_testing.servers import free_port, serve_app_in_thread, serve_http_handler, served
 from metrale_testing.session import build_native_ops_first, stay_eager
@@ -16,6 +21,7 @@ __all__ = [
     "build_native_ops_first",
     "free_port",
     "paged_greedy",
+    "randomize_weights",
     "save_random_model",
     "save_tiny_glm4_moe",
     "save_tiny_llama",

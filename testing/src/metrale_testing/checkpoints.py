@@ -56,11 +56,7 @@ def save_random_model(
         eos_token_id=tokenizer.eos_token_id,
     )
     model = getattr(transformers, model_name)(config)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
+    randomize_weights(model, torch.Generator().manual_seed(0))
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save(path)
     return path
@@ -74,15 +70,25 @@ def save_tiny_glm4_moe(path: Path, seed: int = 0, **kwargs: Any) -> Any:
 
     hf_model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**kwargs)).eval()
     generator = torch.Generator().manual_seed(seed)
+    randomize_weights(hf_model, generator, buffers=True)
+    hf_model.save_pretrained(path, safe_serialization=True)
+    add_mtp_layers(path, hf_model.config, generator)
+    return hf_model
+
+
+def randomize_weights(model: Any, generator: torch.Generator, *, buffers: bool = False) -> None:
+    """Draw every parameter of a transformers ``model`` anew (with ``buffers``, every buffer
+    too, such as MoE correction biases, but the RoPE tables) in ``named_parameters`` order:
+    ``1 + 0.2 * noise`` for norms, ``0.2 * noise`` elsewhere."""
+    import torch
+
+    named = [*model.named_parameters(), *(model.named_buffers() if buffers else ())]
     with torch.no_grad():
-        for name, tensor in [*hf_model.named_parameters(), *hf_model.named_buffers()]:
+        for name, tensor in named:
             if "rotary_emb" in name:
                 continue
             noise = torch.randn(tensor.shape, generator=generator)
             tensor.copy_(1.0 + 0.2 * noise if "norm" in name else 0.2 * noise)
-    hf_model.save_pretrained(path, safe_serialization=True)
-    add_mtp_layers(path, hf_model.config, generator)
-    return hf_model
 
 
 def add_mtp_layers(path: Path, hf_config: Any, generator: torch.Generator) -> None:

@@ -11,8 +11,9 @@ gemma3_text, as one module switched by the config (:class:`~metrale_config.Model
   ``query_pre_attn_scalar``, sliding-window layers (gemma3's with their own RoPE base), soft-capped
   attention scores and logits (gemma2), per-head q/k norms (gemma3).
 
-Parameter names are transformers'. It is no ``LlamaForCausalLM``: its layers run eagerly, never
-through the compiled or native llama executors, which compute llama's layer only.
+Parameter names are transformers'. It is no ``LlamaForCausalLM``: its layers run eagerly (a
+:class:`~metrale_model_arch.families.decoder_stack.DecoderStack`), never through the compiled or
+native llama executors, which compute llama's layer only.
 
 A LongRoPE model (phi3) runs within its original context only, where its short factors are the
 exact ones (:func:`~metrale_model_arch.families.rotary.longrope_max_positions` says why).
@@ -28,10 +29,11 @@ from torch import nn
 from torch.nn import functional
 
 from metrale_config import ModelConfig, NormLayout
-from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_kernels.reference.row_invariant_attention import row_invariant_attention
 from metrale_model_arch.cache_spec import layer_sliding_window
-from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
+from metrale_model_arch.families.base import LayerCache
+from metrale_model_arch.families.decoder_stack import DecoderStack, EagerCausalLM
 from metrale_model_arch.families.llama import (
     UNSUPPORTED_FEATURES,
     LlamaAttention,
@@ -197,22 +199,7 @@ class VariantDecoderLayer(nn.Module):
         return hidden + out
 
 
-class VariantModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            VariantDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)
-        )
-        self.norm = make_norm(config, config.hidden_size, backend)
-        # (tables * max_seq_len, rotary_dim) float32 (``rope_layout``); never in a checkpoint.
-        self.cos_sin_cache: torch.Tensor
-        self.register_buffer(
-            "cos_sin_cache", rope_cos_sin_table(config, max_seq_len), persistent=False
-        )
-
-
-class DenseVariantForCausalLM(CausalLM):
+class DenseVariantForCausalLM(EagerCausalLM):
     """Model types ``olmo2``, ``granite``, ``smollm3``, ``phi3``, ``gemma2``, ``gemma3_text``
     (see :class:`CausalLM` and this module's docstring)."""
 
@@ -223,10 +210,16 @@ class DenseVariantForCausalLM(CausalLM):
         max_seq_len: int | None = None,
         backend: KernelBackend | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(config, max_seq_len=max_seq_len, backend=backend)
+        self.embedding_multiplier = config.embedding_multiplier
+        self.local_table = local_table_index(config)
+
+    @staticmethod
+    def check_config(config: ModelConfig) -> None:
         check_supported(config, UNSUPPORTED_FEATURES, hidden_acts=HIDDEN_ACTS, layer_variants=True)
-        self.config = config
-        self.max_seq_len = max_seq_len or config.max_position_embeddings
+
+    def build_model(self) -> DecoderStack:
+        config, backend = self.config, self.backend
         longrope_limit = longrope_max_positions(config)
         if longrope_limit is not None and self.max_seq_len > longrope_limit:
             raise ValueError(
@@ -234,38 +227,28 @@ class DenseVariantForCausalLM(CausalLM):
                 f"(original_max_position_embeddings {longrope_limit}); serve with "
                 f"--max-seq-len {longrope_limit} or less (max_seq_len {self.max_seq_len} asked)"
             )
-        self.backend = backend if backend is not None else TorchBackend()
-        self.model = VariantModel(config, self.max_seq_len, self.backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.embedding_multiplier = config.embedding_multiplier
-        self.local_table = local_table_index(config)
+        # cos_sin_cache: (tables * max_seq_len, rotary_dim) (``rope_layout``).
+        return DecoderStack(
+            config,
+            (VariantDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)),
+            make_norm(config, config.hidden_size, backend),
+            rope_cos_sin_table(config, self.max_seq_len),
+        )
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: Sequence[LayerCache],
-        metadata: AttentionMetadata,
-        states: Sequence[LayerState] = (),
-    ) -> torch.Tensor:
-        del states  # no per-sequence state
-        if len(kv_caches) != len(self.model.layers):
-            raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
-        hidden = self.model.embed_tokens(input_ids)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = super().embed(input_ids)
         if self.embedding_multiplier != 1.0:
             hidden = hidden * torch.tensor(self.embedding_multiplier, dtype=hidden.dtype)
-        local_positions = positions
-        if self.local_table is not None:
-            local_positions = positions + self.local_table * self.max_seq_len
-        cos_sin = self.model.cos_sin_cache
+        return hidden
+
+    def rope_rows(self, positions: torch.Tensor) -> list[torch.Tensor]:
+        if self.local_table is None:
+            return [positions] * len(self.model.layers)
+        local_positions = positions + self.local_table * self.max_seq_len
         layers = cast("Sequence[VariantDecoderLayer]", self.model.layers)
-        for layer, kv_cache in zip(layers, kv_caches, strict=True):
-            rows = local_positions if layer.self_attn.reads_local_table else positions
-            hidden = layer(hidden, rows, cos_sin, kv_cache, metadata)
-        out: torch.Tensor = self.model.norm(hidden)
-        return out
+        return [
+            local_positions if layer.self_attn.reads_local_table else positions for layer in layers
+        ]
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         config = self.config

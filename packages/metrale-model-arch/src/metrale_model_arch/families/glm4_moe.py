@@ -10,15 +10,15 @@ first (``forward_mtp``): h' = Block(eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)])
 lm_head(shared_head.norm(h')), with the target's embedding and LM head (a copy of either inside
 an MTP layer is skipped).
 
-Its layers are no llama layer (partial rotary, the MoE block): it runs eagerly, never through
-the compiled or native llama executors.
+Its layers are no llama layer (partial rotary, the MoE block): it runs eagerly, a
+:class:`~metrale_model_arch.families.decoder_stack.DecoderStack`, never through the compiled or
+native llama executors.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from typing import cast
 
 import attrs
@@ -26,10 +26,15 @@ import torch
 from torch import nn
 
 from metrale_config import ModelConfig
-from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
-from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
+from metrale_model_arch.families.base import LayerCache
 from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.decoder_stack import (
+    DecoderStack,
+    EagerCausalLM,
+    PreNormDecoderLayer,
+)
 from metrale_model_arch.families.dense_variants import VariantAttention
 from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
 from metrale_model_arch.families.llama import (
@@ -46,7 +51,7 @@ MTP_LAYERS = "model.mtp_layers"
 logger = logging.getLogger("metrale.load")
 
 
-class Glm4MoeDecoderLayer(nn.Module):
+class Glm4MoeDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self, config: ModelConfig, layer_index: int, is_sparse: bool, backend: KernelBackend
     ) -> None:
@@ -59,21 +64,6 @@ class Glm4MoeDecoderLayer(nn.Module):
             self.mlp = LlamaMLP(config, backend)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        attention = self.self_attn
-        q, k, v = attention.project_qkv(self.input_layernorm(hidden), positions, cos_sin)
-        attended = attention.attend(q, k, v, kv_cache, metadata)
-        hidden = hidden + attention.o_proj(attended.reshape(hidden.shape[0], -1))
-        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return out
 
 
 class SharedHead(nn.Module):
@@ -112,74 +102,43 @@ class Glm4MoeMtpLayer(Glm4MoeDecoderLayer):
         return out
 
 
-class Glm4MoeModel(nn.Module):
+class Glm4MoeModel(DecoderStack):
     def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
-        super().__init__()
         moe = require_moe(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Glm4MoeDecoderLayer(config, i, kind == SPARSE, backend)
-            for i, kind in enumerate(moe.mlp_layer_types)
+        # cos_sin_cache: (max_seq_len, rotary_dim), plain RoPE over the rotated part.
+        super().__init__(
+            config,
+            (
+                Glm4MoeDecoderLayer(config, i, kind == SPARSE, backend)
+                for i, kind in enumerate(moe.mlp_layer_types)
+            ),
+            RMSNorm(config.hidden_size, config.rms_norm_eps, backend),
+            rope_cos_sin_table(config, max_seq_len),
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
         mtp_kinds = config.mtp.mlp_layer_types if config.mtp is not None else ()
         self.mtp_layers = nn.ModuleList(
             Glm4MoeMtpLayer(config, config.num_hidden_layers + k, kind == SPARSE, backend)
             for k, kind in enumerate(mtp_kinds)
         )
-        # (max_seq_len, rotary_dim) float32: cos, then sin; never in a checkpoint.
-        self.cos_sin_cache: torch.Tensor
-        self.register_buffer(
-            "cos_sin_cache", rope_cos_sin_table(config, max_seq_len), persistent=False
-        )
 
 
-class Glm4MoeForCausalLM(CausalLM):
+class Glm4MoeForCausalLM(EagerCausalLM):
     """Model type ``glm4_moe`` (see :class:`CausalLM` and this module's docstring)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        max_seq_len: int | None = None,
-        backend: KernelBackend | None = None,
-    ) -> None:
-        super().__init__()
+    model: Glm4MoeModel
+
+    @staticmethod
+    def check_config(config: ModelConfig) -> None:
         check_glm4_moe_config(config)
-        self.config = config
-        self.max_seq_len = max_seq_len or config.max_position_embeddings
-        self.backend = backend if backend is not None else TorchBackend()
-        self.model = Glm4MoeModel(config, self.max_seq_len, self.backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        if config.mtp is not None:
+
+    def build_model(self) -> Glm4MoeModel:
+        model = Glm4MoeModel(self.config, self.max_seq_len, self.backend)
+        if self.config.mtp is not None:
             logger.info(
                 "glm4_moe: %d MTP layer(s) loaded (weights.mtp) for MTP speculation",
-                config.mtp.num_layers,
+                self.config.mtp.num_layers,
             )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: Sequence[LayerCache],
-        metadata: AttentionMetadata,
-        states: Sequence[LayerState] = (),
-    ) -> torch.Tensor:
-        del states  # no per-sequence state
-        layers = cast("Sequence[Glm4MoeDecoderLayer]", self.model.layers)
-        if len(kv_caches) != len(layers):
-            raise ValueError(f"{len(kv_caches)} KV caches for {len(layers)} layers")
-        cos_sin = self.model.cos_sin_cache
-        hidden = self.model.embed_tokens(input_ids)
-        for layer, kv_cache in zip(layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, cos_sin, kv_cache, metadata)
-        out: torch.Tensor = self.model.norm(hidden)
-        return out
-
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return head_logits(self.lm_head, hidden, out)
+        return model
 
     @property
     def num_mtp_layers(self) -> int:

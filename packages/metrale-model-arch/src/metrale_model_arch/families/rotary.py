@@ -1,5 +1,11 @@
 """The RoPE cos/sin tables a config asks for, built once per model (stacked as
-:mod:`metrale_model_arch.rope_layout` lays them out)."""
+:mod:`metrale_model_arch.rope_layout` lays them out).
+
+YaRN (transformers' ``yarn`` rope type, for the families that take it) blends each frequency
+between its extrapolated value (the default) and its interpolated one (divided by ``factor``)
+along a ramp over the rotary dims set by ``beta_fast`` / ``beta_slow``, and scales cos and sin
+by an attention factor.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import math
 import attrs
 import torch
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, RopeScaling
 from metrale_kernels import (
     cos_sin_cache,
     default_inv_freq,
@@ -19,6 +25,9 @@ from metrale_kernels import (
 from metrale_model_arch.rope_layout import LONGROPE, rotary_dim
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", LONGROPE)
+YARN = "yarn"
+DEFAULT_BETA_FAST = 32.0
+DEFAULT_BETA_SLOW = 1.0
 
 
 def rope_inv_freq(config: ModelConfig, max_positions: int) -> torch.Tensor:
@@ -111,3 +120,54 @@ def rope_cos_sin_table(config: ModelConfig, max_positions: int) -> torch.Tensor:
             return table
         local = attrs.evolve(config, rope_theta=config.local_rope_theta, rope_scaling=None)
         return torch.cat([table, cos_sin_cache(rope_inv_freq(local, max_positions), max_positions)])
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 when not stretched)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(scaling: RopeScaling) -> float:
+    """The cos/sin scale: ``attention_factor`` when set, else ``mscale / mscale_all_dim``'s
+    ratio when both are set, else ``yarn_mscale(factor)``."""
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    if scaling.mscale and scaling.mscale_all_dim:
+        return yarn_mscale(scaling.factor, scaling.mscale) / yarn_mscale(
+            scaling.factor, scaling.mscale_all_dim
+        )
+    return yarn_mscale(scaling.factor)
+
+
+def yarn_inv_freq(dim: int, base: float, scaling: RopeScaling) -> torch.Tensor:
+    """``(dim // 2,)`` float32 inverse frequencies under YaRN."""
+    original = scaling.original_max_position_embeddings
+    if not original:
+        raise ValueError("rope_type 'yarn' needs original_max_position_embeddings")
+
+    def correction_dim(num_rotations: float) -> float:
+        return dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction_dim(scaling.beta_fast or DEFAULT_BETA_FAST)
+    high = correction_dim(scaling.beta_slow or DEFAULT_BETA_SLOW)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+    extrapolated = 1 - ramp
+    return (1.0 / (scaling.factor * pos_freqs)) * ramp + (1.0 / pos_freqs) * extrapolated
+
+
+def rope_or_yarn_cos_sin_table(config: ModelConfig, max_positions: int) -> torch.Tensor:
+    """``(max_positions, rotary_dim)`` float32 on the CPU, cos then sin: YaRN's table (scaled
+    by :func:`yarn_attention_factor`) under rope type ``yarn``, else :func:`rope_cos_sin_table`'s
+    (the llama family refuses YaRN: only the families that take it build this one)."""
+    scaling = config.rope_scaling
+    if scaling is None or scaling.rope_type != YARN:
+        return rope_cos_sin_table(config, max_positions)
+    with torch.device("cpu"):
+        inv_freq = yarn_inv_freq(rotary_dim(config), config.rope_theta, scaling)
+        return cos_sin_cache(inv_freq, max_positions) * yarn_attention_factor(scaling)

@@ -11,6 +11,10 @@ the row as key and value; the value's latent part is expanded by ``kv_b_proj``
 DeepSeek rotates adjacent pairs of the RoPE dims (``rope_interleave``). Here q and k are
 de-interleaved (even dims, then odd) and rotated as halves: the same rotation of the same
 pairs, and scores see q and k in the same order.
+
+DeepSeek's YaRN (the table: :func:`~metrale_model_arch.families.rotary.
+rope_or_yarn_cos_sin_table`) also scales the softmax by ``mscale(factor, mscale_all_dim) ** 2``,
+on every dim, RoPE or not (:func:`mla_softmax_scale`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,19 @@ from torch import nn
 
 from metrale_config import MlaConfig, ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
-from metrale_model_arch.families.deepseek.yarn import mla_softmax_scale
 from metrale_model_arch.families.latent_attention import LatentExpansion, write_latent
 from metrale_model_arch.families.llama import RMSNorm
+from metrale_model_arch.families.rotary import yarn_mscale
+
+
+def mla_softmax_scale(config: ModelConfig) -> float:
+    """``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale(factor,
+    mscale_all_dim) ** 2`` under a rope scaling that sets ``mscale_all_dim``."""
+    scale: float = config.head_dim**-0.5
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.mscale_all_dim:
+        scale *= yarn_mscale(scaling.factor, scaling.mscale_all_dim) ** 2
+    return scale
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:

@@ -4,31 +4,32 @@ in every layer the routed MoE of :mod:`.experts`. Norms multiply in float32 (tra
 keeps gpt-oss's norm weights float32).
 
 Attention runs the row-invariant torch path (:func:`~metrale_kernels.reference.
-row_invariant_attention.row_invariant_attention`): no kernel backend adds the sinks. Eager
-only: no layer here is a llama layer.
+row_invariant_attention.row_invariant_attention`): no kernel backend adds the sinks. Eager only, a
+:class:`~metrale_model_arch.families.decoder_stack.DecoderStack`: no layer here is a llama layer.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import cast
 
 import torch
 from torch import nn
 
 from metrale_config import ModelConfig
-from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
+from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_kernels.reference.row_invariant_attention import row_invariant_attention
 from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.counts.moe import require_moe
-from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
-from metrale_model_arch.families.deepseek.yarn import deepseek_cos_sin_table
+from metrale_model_arch.families.base import LayerCache
+from metrale_model_arch.families.decoder_stack import (
+    DecoderStack,
+    EagerCausalLM,
+    PreNormDecoderLayer,
+)
 from metrale_model_arch.families.dense_variants import OffsetRMSNorm
 from metrale_model_arch.families.gpt_oss.experts import GptOssMoeBlock
 from metrale_model_arch.families.llama import LlamaAttention
-from metrale_model_arch.families.row_invariant_layers import head_logits
+from metrale_model_arch.families.rotary import YARN, rope_or_yarn_cos_sin_table
 
-ROPE_TYPES = ("yarn",)
+ROPE_TYPES = (YARN,)
 
 
 class SinkAttention(LlamaAttention):
@@ -55,7 +56,7 @@ def float32_norm(config: ModelConfig, backend: KernelBackend) -> OffsetRMSNorm:
     return OffsetRMSNorm(config.hidden_size, config.rms_norm_eps, backend, offset=0.0)
 
 
-class GptOssDecoderLayer(nn.Module):
+class GptOssDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
         self.self_attn = SinkAttention(config, layer_index, backend)
@@ -63,78 +64,23 @@ class GptOssDecoderLayer(nn.Module):
         self.input_layernorm = float32_norm(config, backend)
         self.post_attention_layernorm = float32_norm(config, backend)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        attention = self.self_attn
-        q, k, v = attention.project_qkv(self.input_layernorm(hidden), positions, cos_sin)
-        attended = attention.attend(q, k, v, kv_cache, metadata)
-        hidden = hidden + attention.o_proj(attended.reshape(hidden.shape[0], -1))
-        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return out
 
-
-class GptOssModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            GptOssDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)
-        )
-        self.norm = float32_norm(config, backend)
-        # (max_seq_len, head_dim) float32: cos, then sin (YaRN-scaled); never in a checkpoint.
-        self.cos_sin_cache: torch.Tensor
-        self.register_buffer(
-            "cos_sin_cache", deepseek_cos_sin_table(config, max_seq_len), persistent=False
-        )
-
-
-class GptOssForCausalLM(CausalLM):
+class GptOssForCausalLM(EagerCausalLM):
     """Model type ``gpt_oss`` (see :class:`CausalLM` and this module's docstring)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        max_seq_len: int | None = None,
-        backend: KernelBackend | None = None,
-    ) -> None:
-        super().__init__()
+    @staticmethod
+    def check_config(config: ModelConfig) -> None:
         check_gpt_oss_config(config)
-        self.config = config
-        self.max_seq_len = max_seq_len or config.max_position_embeddings
-        self.backend = backend if backend is not None else TorchBackend()
-        self.model = GptOssModel(config, self.max_seq_len, self.backend)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: Sequence[LayerCache],
-        metadata: AttentionMetadata,
-        states: Sequence[LayerState] = (),
-    ) -> torch.Tensor:
-        del states  # no per-sequence state
-        layers = cast("Sequence[GptOssDecoderLayer]", self.model.layers)
-        if len(kv_caches) != len(layers):
-            raise ValueError(f"{len(kv_caches)} KV caches for {len(layers)} layers")
-        cos_sin = self.model.cos_sin_cache
-        hidden = self.model.embed_tokens(input_ids)
-        for layer, kv_cache in zip(layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, cos_sin, kv_cache, metadata)
-        out: torch.Tensor = self.model.norm(hidden)
-        return out
-
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return head_logits(self.lm_head, hidden, out)
+    def build_model(self) -> DecoderStack:
+        config, backend = self.config, self.backend
+        # cos_sin_cache: (max_seq_len, head_dim), YaRN-scaled.
+        return DecoderStack(
+            config,
+            (GptOssDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)),
+            float32_norm(config, backend),
+            rope_or_yarn_cos_sin_table(config, self.max_seq_len),
+        )
 
 
 def check_gpt_oss_config(config: ModelConfig) -> None:
