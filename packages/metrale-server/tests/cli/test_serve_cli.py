@@ -135,7 +135,6 @@ def test_metrale_serve_script_is_declared() -> None:
         (["--tool-call-parser", "openai_required"], "--tool-call-parser"),
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
         (["--reasoning-parser", "gpt_oss"], "--reasoning-parser"),
-        (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
         (["--speculative-config", "ngram"], "--speculative-config"),
         (
             ["--speculative-config", '{"method": "ngram"}', "--tensor-parallel-size", "3"],
@@ -147,6 +146,13 @@ def test_bad_values_name_the_flag(runner: CliRunner, args: list[str], flag: str)
     result = runner.invoke(main, ["serve", *args])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_refused_naming_the_flag(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["serve", "--speculative-config", '{"method": "mtp"}'])
+    assert result.exit_code == 1, result.output
+    assert "--speculative-config method mtp: llama" in result.output
+    assert "has no MTP layers" in result.output
 
 
 @pytest.mark.parametrize(("flags", "task"), [([], "auto"), (["--task", "embed"], "embed")])
