@@ -15,6 +15,7 @@ from metrale_server.engine.client import EngineClient
 from metrale_server.pooling.model_task import ModelTask
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+DEFAULT_BODY_READ_TIMEOUT_S = 60.0
 
 
 def _keys(keys: Iterable[str]) -> tuple[str, ...]:
@@ -46,6 +47,10 @@ class ServerState:
     the API key; ``max_queued_requests`` bounds the requests waiting for the running batch
     (``None``: unbounded), past which a generation request gets a 429.
 
+    ``body_read_timeout_s``: the longest wait for the next bytes of a request's body; a client
+    that stops sending mid-body (a slow upload holding its buffer) gets a 408 and its connection
+    closed. A response may take as long as it takes.
+
     ``task``: what the model serves (the engine's, ``--task``); a route of another task
     answers 400 (:mod:`metrale_server.api.task_check`).
     """
@@ -55,6 +60,7 @@ class ServerState:
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
     request_timeout_s: float | None = attrs.field(default=None, converter=_timeout_s)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     allowed_hosts: frozenset[str] | None = None

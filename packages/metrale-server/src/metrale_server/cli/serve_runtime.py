@@ -64,7 +64,6 @@ EXIT_LOAD_FAILED = 1
 EXIT_WORKER_LOST = 1
 CONNECTION_GRACE_S = 5.0
 DRAIN_POLL_S = 0.05
-READ_TIMEOUT_S = 60  # seconds: the longest wait for the next bytes of a request
 BACKGROUND_JOIN_S = 30.0
 
 
@@ -153,8 +152,9 @@ def hypercorn_config(args: ServeArgs) -> Config:
     # Hypercorn's shutdown starts once the drain has ended every request; it cuts connections
     # still open after the grace (a client that stopped reading).
     config.graceful_timeout = CONNECTION_GRACE_S
-    # A client that stops sending mid-request (a slow upload holding its buffer) is cut off.
-    config.read_timeout = READ_TIMEOUT_S
+    # NOTE: no read_timeout: Hypercorn's closes a connection that sends nothing for that long,
+    # even while its response streams (a generation over a minute was cut). A body that stops
+    # arriving is the app's to refuse (ServerState.body_read_timeout_s).
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     if args.ssl_certfile is not None:
