@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metrale_kernels import TorchBackend
+from metrale_kernels import TorchBackend, build_attention_metadata
 from metrale_kernels.cpu.backend import CpuBackend
 from metrale_kernels.cpu.native import NativeOps
 from metrale_kernels.reference.kv_quantization import (
@@ -145,3 +145,26 @@ def test_a_cache_of_another_head_dim_is_refused() -> None:
         TorchBackend().paged_attention(
             torch.zeros(4, 2, 18), batch.k_cache, batch.v_cache, batch.metadata, 0.25
         )
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_native_attention_decodes_every_fp8_code_as_torch_does(
+    backend: CpuBackend, kv_dtype: torch.dtype
+) -> None:
+    """One key: attention returns its value row, so every code (NaN codes aside) must come back
+    as torch's cast of it, through the vector loop and the tail."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    values = codes.view(kv_dtype).to(torch.float32)
+    codes = codes[~values.isnan()]
+    dim = codes.numel()  # not a multiple of 8 or 16: the tail runs too
+    one = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    row = torch.cat((codes, one)).view(kv_dtype)
+    k_cache = torch.cat((torch.zeros(dim, dtype=torch.uint8), one)).view(kv_dtype)
+    shape = (1, 1, 1, dim + SCALE_BYTES)
+    metadata = build_attention_metadata(
+        block_tables=[[0]], seq_lens=[1], query_lens=[1], block_size=1
+    )
+    out = backend.paged_attention(
+        torch.ones(1, 1, dim), k_cache.reshape(shape), row.reshape(shape), metadata, 1.0
+    )
+    assert torch.equal(out.flatten(), codes.view(kv_dtype).to(torch.float32))

@@ -51,13 +51,13 @@ inline std::array<float, 256> fp8_values(KvFormat format) {
 }
 
 // One paged cache (K or V): `kv_heads` rows a slot, each `dim` values (+ the scale when quantized).
-// Quantized rows are read in registers (int8 converted, fp8 decoded through a table): the row's
-// dot product, then its scale.
+// Quantized rows are read in registers (int8 converted, fp8 decoded by its bits): the row's dot
+// product, then its scale.
 struct CacheRows {
   const uint8_t* data;
   KvFormat format;
   int64_t dim, kv_heads;
-  const float* values;  // fp8_values(format); unused for float32 and int8
+  const float* values;  // fp8_values(format), for the tails; unused for float32 and int8
 
   int64_t row_bytes() const {
     return format == KvFormat::kFloat ? dim * 4 : dim + kScaleBytes;
@@ -76,7 +76,7 @@ struct CacheRows {
     switch (format) {
       case KvFormat::kFloat: return dot(q, reinterpret_cast<const float*>(r), dim);
       case KvFormat::kInt8: return dot_i8(q, reinterpret_cast<const int8_t*>(r), dim) * scale(r);
-      default: return dot_table(q, r, values, dim) * scale(r);
+      default: return dot_fp8(q, r, format == KvFormat::kFp8E4m3, values, dim) * scale(r);
     }
   }
   // acc += p * (the row of `kv_head` at `slot`)
@@ -85,7 +85,7 @@ struct CacheRows {
     switch (format) {
       case KvFormat::kFloat: axpy(p, reinterpret_cast<const float*>(r), acc, dim); break;
       case KvFormat::kInt8: axpy_i8(p * scale(r), reinterpret_cast<const int8_t*>(r), acc, dim); break;
-      default: axpy_table(p * scale(r), r, values, acc, dim);
+      default: axpy_fp8(p * scale(r), r, format == KvFormat::kFp8E4m3, values, acc, dim);
     }
   }
 };

@@ -91,23 +91,44 @@ inline void axpy_i8(float p, const int8_t* x, float* y, int64_t n) {
   for (; d < n; ++d) y[d] += p * static_cast<float>(x[d]);
 }
 
-// sum a[i] * table[b[i]]: one-byte codes (fp8) decoded through a 256-entry table.
-inline float dot_table(const float* a, const uint8_t* b, const float* table, int64_t n) {
+// fp8 codes as floats, in registers. e4m3: the code's exponent and mantissa bits placed where
+// a float's go, the float times 2^120 (the bias 127 - 7: exact, subnormal codes included; the
+// NaN codes, which a clamped write never makes, read as +-480). e5m2 is the high byte of a
+// float16. Elsewhere (and for the tails) `table[code]`.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline __m256 fp8x8_to_ps(const uint8_t* b, bool e4m3) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b));
+  if (!e4m3) return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8));
+  const __m256i v = _mm256_cvtepu8_epi32(bytes);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+  const __m256i bits = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7F)), 20);
+  const __m256 magnitude = _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+  return _mm256_or_ps(magnitude, _mm256_castsi256_ps(sign));
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512 fp8x16_to_ps(const uint8_t* b, bool e4m3) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  if (!e4m3) return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8));
+  const __m512i v = _mm512_cvtepu8_epi32(bytes);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+  const __m512i bits = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x7F)), 20);
+  const __m512 magnitude = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(magnitude), sign));
+}
+#endif
+
+// sum a[i] * fp8 b[i] (`table`: each code's value, for what is not vectorized)
+inline float dot_fp8(const float* a, const uint8_t* b, bool e4m3, const float* table, int64_t n) {
   int64_t d = 0;
   float total = 0.f;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
   __m512 acc = _mm512_setzero_ps();
-  for (; d + 16 <= n; d += 16) {
-    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + d)));
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_i32gather_ps(codes, table, 4), acc);
-  }
+  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), fp8x16_to_ps(b + d, e4m3), acc);
   total = _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   __m256 acc = _mm256_setzero_ps();
-  for (; d + 8 <= n; d += 8) {
-    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + d)));
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_i32gather_ps(table, codes, 4), acc);
-  }
+  for (; d + 8 <= n; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), fp8x8_to_ps(b + d, e4m3), acc);
   __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   half = _mm_add_ps(half, _mm_movehl_ps(half, half));
   half = _mm_add_ss(half, _mm_movehdup_ps(half));
@@ -117,21 +138,17 @@ inline float dot_table(const float* a, const uint8_t* b, const float* table, int
   return total;
 }
 
-// y += p * table[x[i]]
-inline void axpy_table(float p, const uint8_t* x, const float* table, float* y, int64_t n) {
+// y += p * fp8 x[i]
+inline void axpy_fp8(float p, const uint8_t* x, bool e4m3, const float* table, float* y, int64_t n) {
   int64_t d = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
   const __m512 pv = _mm512_set1_ps(p);
-  for (; d + 16 <= n; d += 16) {
-    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + d)));
-    _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, _mm512_i32gather_ps(codes, table, 4), _mm512_loadu_ps(y + d)));
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
+  for (; d + 16 <= n; d += 16)
+    _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, fp8x16_to_ps(x + d, e4m3), _mm512_loadu_ps(y + d)));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   const __m256 pv = _mm256_set1_ps(p);
-  for (; d + 8 <= n; d += 8) {
-    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x + d)));
-    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(pv, _mm256_i32gather_ps(table, codes, 4), _mm256_loadu_ps(y + d)));
-  }
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(pv, fp8x8_to_ps(x + d, e4m3), _mm256_loadu_ps(y + d)));
 #endif
   for (; d < n; ++d) y[d] += p * table[x[d]];
 }
