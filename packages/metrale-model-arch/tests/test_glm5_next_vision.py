@@ -22,7 +22,13 @@ import torch
 from PIL import Image
 
 from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
-from metrale_model_arch import LoadOptions
+from metrale_model_arch import (
+    LoadOptions,
+    Tokenizer,
+    load_model,
+    read_model_config,
+    resolve_model,
+)
 from metrale_model_arch.counts.glm5_next_vision import vision_tower_params
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM
 from metrale_model_arch.families.glm5_next.vision import (
@@ -373,3 +379,29 @@ def test_a_text_only_config_loads_no_tower(checkpoint: Checkpoint, tmp_path: Pat
     assert isinstance(model, Glm5NextForCausalLM)
     assert model.model.visual is None
     assert VISION_OWNER not in weight_bytes(config, 4).by_owner()
+
+
+def test_text_only_loading_leaves_the_tower_of_a_vision_checkpoint_out(
+    checkpoint: Checkpoint, tmp_path: Path, default_tokenizer: Tokenizer
+) -> None:
+    """What the server does while it takes no images: the same checkpoint, no tower planned,
+    allocated or loaded, and the text weights the same."""
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(checkpoint.path / name, tmp_path / name)
+    default_tokenizer.save(tmp_path)
+    config = read_model_config(resolve_model(str(tmp_path)), text_only=True)
+    assert config.vision is None
+    allocator = RecordingAllocator()
+    loaded = load_model(
+        str(tmp_path),
+        LoadOptions(dtype=torch.float32, device="cpu", text_only=True, allocator=allocator),
+    )
+    assert loaded.model.model.visual is None
+    plan = weight_bytes(config, 4).by_owner()
+    assert VISION_OWNER not in plan
+    assert dict(allocator.bytes_by_owner) == plan
+    full = load(checkpoint)
+    text_only = loaded.model.state_dict()
+    for name, tensor in full.state_dict().items():
+        if not name.startswith("model.visual."):
+            assert torch.equal(text_only[name], tensor), name

@@ -14,7 +14,13 @@ from metrale_model_arch.kv_cache import (
     kv_cache_bytes_per_token,
 )
 from metrale_model_arch.kv_cache_dtype import KV_CACHE_DTYPE_NAMES, KvCacheDtype
-from metrale_model_arch.load import LoadedModel, headless_config, load_model, read_model_config
+from metrale_model_arch.load import (
+    LoadedModel,
+    headless_config,
+    load_model,
+    read_model_config,
+    text_only_config,
+)
 from metrale_model_arch.load_options import LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model, read_gguf_weights
@@ -74,4 +80,5 @@ __all__ = [
     "read_gguf_weights",
     "read_model_config",
     "resolve_model",
+    "text_only_config",
 ]

@@ -84,12 +84,17 @@ class LoadedModel:
         )
 
 
-def read_model_config(source: ModelSource, *, without_head: bool = False) -> ModelConfig:
+def read_model_config(
+    source: ModelSource, *, without_head: bool = False, text_only: bool = False
+) -> ModelConfig:
     """The config of ``source`` alone (config.json or the GGUF header); no weights are read.
-    ``without_head``: as :func:`load_model` builds it without its own head."""
+    ``without_head`` / ``text_only``: as :func:`load_model` builds it without its own head /
+    without its vision tower."""
     if source.kind == "gguf":
         return model_config_from_gguf_header(read_gguf_header(source.path))
     config = model_config_from_hf_file(source.path)
+    if text_only:
+        config = text_only_config(config)
     return headless_config(config) if without_head else config
 
 
@@ -98,6 +103,12 @@ def headless_config(config: ModelConfig) -> ModelConfig:
     is the embeddings' matrix (tied), so no head of its own is planned, allocated or loaded,
     and a checkpoint saved without one (a base model) loads."""
     return attrs.evolve(config, tie_word_embeddings=True)
+
+
+def text_only_config(config: ModelConfig) -> ModelConfig:
+    """``config`` without its vision tower: none is planned, allocated or loaded (a server that
+    takes no images does not pay for one)."""
+    return attrs.evolve(config, vision=None)
 
 
 def load_model(
@@ -121,7 +132,9 @@ def load_model(
             header.fields, special_tokens=tokenizer.special_tokens_map
         )
     else:
-        config = read_model_config(source, without_head=options.without_head)
+        config = read_model_config(
+            source, without_head=options.without_head, text_only=options.text_only
+        )
         model = load_safetensors_model(source.path, config, options)
         tokenizer = Tokenizer.from_dir(source.path)
         own_template = ChatTemplate.from_dir(

@@ -30,7 +30,8 @@ class LoadOptions:
     the context (default: the model's ``max_position_embeddings``). ``kernel_backend`` (``auto``,
     ``torch``, ``cupy``) runs the model's ops. ``shard``: load only this rank's part
     (:mod:`~metrale_model_arch.parallel`). ``without_head``: a model that only ever gives hidden
-    states (an embedding model) has no head of its own (a GGUF keeps its head). Weights and
+    states (an embedding model) has no head of its own (a GGUF keeps its head). ``text_only``:
+    a checkpoint's vision tower (GLM-5.3's ``model.visual``) is not loaded. Weights and
     tables are allocated through ``allocator`` (an allocation ledger, in the server);
     ``on_progress(done, total)`` hears of every checkpoint tensor loaded.
     """
@@ -42,6 +43,7 @@ class LoadOptions:
     kernel_backend: str = "auto"
     shard: TensorShard | None = None
     without_head: bool = False
+    text_only: bool = False
     allocator: TensorAllocator = attrs.field(default=plain_allocator, eq=False, repr=False)
     on_progress: ProgressObserver | None = attrs.field(default=None, eq=False, repr=False)
 

@@ -22,6 +22,7 @@ from metrale_model_arch import (
     headless_config,
     read_model_config,
     resolve_model,
+    text_only_config,
 )
 from metrale_model_arch.memory import (
     MemoryPlan,
@@ -44,9 +45,11 @@ GIB = 2**30
 
 
 def read_config(model: str | None) -> ModelConfig:
+    """The config ``met serve`` would run: without a vision tower (the engine takes no images
+    yet)."""
     if model is not None and Path(model).is_file() and Path(model).suffix == ".json":
-        return model_config_from_hf_file(model)
-    return read_model_config(resolve_model(model))
+        return text_only_config(model_config_from_hf_file(model))
+    return read_model_config(resolve_model(model), text_only=True)
 
 
 def plan_device(spec: str, device_memory_gib: float | None) -> torch.device:

@@ -71,6 +71,7 @@ def load_options(
         kernel_backend=args.kernel_backend,
         shard=shard,
         without_head=serves_embeddings(args.task, args.model),
+        text_only=True,  # the engine takes no images yet: the plan has no vision tower
         allocator=ledger.allocate,
         on_progress=on_progress,
     )

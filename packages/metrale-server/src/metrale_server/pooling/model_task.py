@@ -84,9 +84,10 @@ def serves_embeddings(task: str, model: str | None) -> bool:
 
 def engine_model_config(args: EngineArgs) -> ModelConfig:
     """The config the engine runs ``args.model`` with: without its head for an embedding
-    task (:func:`serves_embeddings`)."""
+    task (:func:`serves_embeddings`); without a vision tower, as the engine takes no images
+    yet."""
     without_head = serves_embeddings(args.task, args.model)
-    return read_model_config(resolve_model(args.model), without_head=without_head)
+    return read_model_config(resolve_model(args.model), without_head=without_head, text_only=True)
 
 
 def resolve_model_task(task: str, loaded: LoadedModel) -> ModelTask:
