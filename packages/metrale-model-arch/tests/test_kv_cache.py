@@ -330,7 +330,7 @@ def test_a_quantized_pool_allocates_exactly_the_plan_price(
     assert per_token == config.num_hidden_layers * 2 * heads * (dim + 2)
     assert allocator.bytes_by_owner == {KV_POOL: 3 * 4 * per_token}
     k_cache, v_cache = pool[0]
-    assert k_cache.dtype == v_cache.dtype == torch.empty(0, dtype=_STORAGE[kv_cache_dtype]).dtype
+    assert k_cache.dtype == v_cache.dtype == _STORAGE[kv_cache_dtype]
     assert k_cache.shape == (3, 4, heads, dim + 2)
 
 

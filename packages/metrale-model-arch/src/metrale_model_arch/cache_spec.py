@@ -15,6 +15,7 @@ from typing import Literal
 import attrs
 
 from metrale_config import LINEAR_ATTENTION, SLIDING_ATTENTION, SPARSE_ATTENTION, ModelConfig
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 
 # "model": the serve dtype; the others are fixed whatever the serve dtype (the one-byte floats
@@ -27,9 +28,8 @@ FIXED_DTYPE_BYTES: dict[str, int] = {
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
 }
-# A quantized K/V row's float16 scale, stored after its values
-# (:mod:`metrale_kernels.reference.kv_quantization`).
-KV_SCALE_BYTES = 2
+# A quantized K/V row's float16 scale, stored after its values.
+KV_SCALE_BYTES = SCALE_BYTES
 FLOAT32_BYTES = 4
 
 

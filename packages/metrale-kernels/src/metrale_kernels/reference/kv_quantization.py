@@ -25,8 +25,12 @@ QMAX: dict[torch.dtype, float] = {
 }
 
 
+def is_quantized_dtype(dtype: torch.dtype) -> bool:
+    return dtype in QMAX
+
+
 def is_quantized_cache(cache: torch.Tensor) -> bool:
-    return cache.dtype in QMAX
+    return is_quantized_dtype(cache.dtype)
 
 
 def cache_head_dim(cache: torch.Tensor) -> int:

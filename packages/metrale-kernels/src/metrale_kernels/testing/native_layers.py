@@ -16,7 +16,7 @@ import torch
 from metrale_kernels import build_attention_metadata, cos_sin_cache, default_inv_freq
 from metrale_kernels.backend import KernelBackend
 from metrale_kernels.reference.int8_matmul import quantize_per_row
-from metrale_kernels.reference.kv_quantization import dequantize_kv, is_quantized_cache, quantize_kv
+from metrale_kernels.reference.kv_quantization import dequantize_kv, is_quantized_dtype, quantize_kv
 from metrale_kernels.reference.q4_matmul import quantize_q4
 from metrale_kernels.testing.parity import watch_reference_ops
 
@@ -102,7 +102,7 @@ def _check_layer(
     k_cache, v_cache = (
         torch.randn(17, block_size, KV_HEADS, HEAD_DIM, generator=generator) for _ in "kv"
     )
-    if is_quantized_cache(torch.empty(0, dtype=kv_dtype)):
+    if is_quantized_dtype(kv_dtype):
         k_cache, v_cache = (quantize_kv(cache, kv_dtype) for cache in (k_cache, v_cache))
     fused_k, fused_v, reference_k, reference_v = (c.clone() for c in (k_cache, v_cache) * 2)
     decode_positions = torch.tensor([n - 1 for n in lens])

@@ -11,7 +11,7 @@ import torch
 
 from metrale_kernels.attention_metadata import AttentionMetadata, build_attention_metadata
 from metrale_kernels.backend import KernelBackend, TorchBackend
-from metrale_kernels.reference.kv_quantization import SCALE_BYTES, is_quantized_cache
+from metrale_kernels.reference.kv_quantization import SCALE_BYTES, is_quantized_dtype
 
 
 @attrs.frozen(kw_only=True)
@@ -76,7 +76,7 @@ def paged_batch(
 
 
 def _nan_cache(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if not is_quantized_cache(torch.empty(0, dtype=dtype)):
+    if not is_quantized_dtype(dtype):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     rows = (*shape[:-1], shape[-1] + SCALE_BYTES)
     return torch.full(rows, 0xFF, dtype=torch.uint8, device=device).view(dtype)
