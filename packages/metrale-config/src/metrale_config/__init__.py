@@ -43,6 +43,7 @@ from metrale_config.model_config import (
     VisionConfig,
 )
 from metrale_config.rope import RopeScaling
+from metrale_config.siglip_vision import SiglipVisionConfig
 
 __all__ = [
     "FULL_ATTENTION",
@@ -69,6 +70,7 @@ __all__ = [
     "MtpConfig",
     "NormLayout",
     "RopeScaling",
+    "SiglipVisionConfig",
     "UndeclaredLeverError",
     "VisionConfig",
     "check_environment",

@@ -21,6 +21,7 @@ from metrale_config.layer_types import SLIDING_ATTENTION as SLIDING_ATTENTION
 from metrale_config.layer_types import SPARSE_ATTENTION as SPARSE_ATTENTION
 from metrale_config.layer_types import LayerType, to_layer_types
 from metrale_config.rope import RopeScaling
+from metrale_config.siglip_vision import SiglipVisionConfig
 
 
 class NormLayout(enum.StrEnum):
@@ -103,12 +104,16 @@ class MtpConfig:
 
 @attrs.frozen(kw_only=True)
 class VisionConfig:
-    """A vision tower beside the text stack (glm5_next's ``vision_config``) and the prompt
-    tokens that place its output: each ``image_token_id`` of a prompt takes one merged patch.
+    """A vision tower beside the text stack (glm5_next's or qwen2_5_vl's ``vision_config``) and
+    the prompt tokens that place its output: each ``image_token_id`` of a prompt takes one merged
+    patch.
 
     A patch is ``temporal_patch_size`` frames of ``patch_size`` squared pixels; each
     ``spatial_merge_size`` squared patches merge into one ``out_hidden_size`` embedding, which
-    replaces one image token of the text stack's input.
+    replaces one image token of the text stack's input. qwen2_5_vl's blocks attend within
+    windows of ``window_size`` pixels a side, but those in ``fullatt_block_indexes``
+    (``window_size`` ``None``: every block attends to the whole frame); its prompts wrap each
+    image in ``vision_start_token_id`` / ``vision_end_token_id``.
     """
 
     depth: int
@@ -130,6 +135,10 @@ class VisionConfig:
     video_token_id: int | None = None
     video_start_token_id: int | None = None
     video_end_token_id: int | None = None
+    window_size: int | None = None
+    fullatt_block_indexes: tuple[int, ...] = ()
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
 
     @property
     def head_dim(self) -> int:
@@ -205,8 +214,13 @@ class ModelConfig:
     # A GGUF's ggml types of its layers' projection weights (attn_q ... ffn_down), sorted.
     gguf_projection_types: tuple[str, ...] = ()
     mhc: MhcConfig | None = None
-    # The vision tower a multimodal checkpoint carries (glm5_next), else None.
+    # The vision tower a multimodal checkpoint carries (glm5_next, qwen2_5_vl), else None.
     vision: VisionConfig | None = None
+    # Gemma 3's SigLIP tower and projector (gemma3), else None.
+    siglip_vision: SiglipVisionConfig | None = None
+    # Multimodal RoPE (qwen2_5_vl): how many of a head's rotary frequencies turn by the
+    # temporal, height and width position, in that order; () for plain RoPE.
+    mrope_section: tuple[int, ...] = ()
     # Clamp of the SwiGLU gate/up activations (glm5_next, gpt_oss); None means unclamped.
     swiglu_limit: float | None = None
     # gpt_oss's SwiGLU: ``(up + 1) * gate * sigmoid(alpha * gate)``; None means plain SiLU.

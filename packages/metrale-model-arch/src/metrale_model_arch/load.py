@@ -108,7 +108,7 @@ def headless_config(config: ModelConfig) -> ModelConfig:
 def text_only_config(config: ModelConfig) -> ModelConfig:
     """``config`` without its vision tower: none is planned, allocated or loaded (a server that
     takes no images does not pay for one)."""
-    return attrs.evolve(config, vision=None)
+    return attrs.evolve(config, vision=None, siglip_vision=None)
 
 
 def load_model(

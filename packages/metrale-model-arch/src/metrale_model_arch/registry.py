@@ -10,20 +10,30 @@ from metrale_model_arch.cache_spec import LayerCacheSpec, attention_cache_specs
 from metrale_model_arch.counts.base import ParamCounts
 from metrale_model_arch.counts.deepseek import deepseek_param_counts
 from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
+from metrale_model_arch.counts.gemma3 import gemma3_param_counts
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.gpt_oss import gpt_oss_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
+from metrale_model_arch.counts.qwen2_5_vl import qwen2_5_vl_param_counts
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.deepseek import DeepseekForCausalLM, deepseek_checkpoint_mapping
 from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
+from metrale_model_arch.families.gemma3 import (
+    Gemma3ForConditionalGeneration,
+    gemma3_checkpoint_mapping,
+)
 from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.gpt_oss import GptOssForCausalLM, gpt_oss_checkpoint_mapping
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
+from metrale_model_arch.families.qwen2_5_vl import (
+    Qwen2_5_VLForCausalLM,
+    qwen2_5_vl_checkpoint_mapping,
+)
 from metrale_model_arch.families.qwen3_moe import (
     Qwen3MoeForCausalLM,
     qwen3_moe_checkpoint_mapping,
@@ -108,6 +118,16 @@ DENSE_VARIANT = Architecture(
     param_counts=dense_variant_param_counts,
     cache_specs=attention_cache_specs,
 )
+# Eager only (M-RoPE positions), no GGUF, no int8 path; its vision tower owned (weights.vision).
+QWEN2_5_VL = Architecture(
+    model_type="qwen2_5_vl",
+    module=Qwen2_5_VLForCausalLM,
+    checkpoint_mapping=qwen2_5_vl_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=qwen2_5_vl_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=SLIDING,
+)
 # model type -> traits
 DENSE_VARIANT_TYPES = {
     "olmo2": frozenset[Trait](),
@@ -117,6 +137,16 @@ DENSE_VARIANT_TYPES = {
     "gemma2": SLIDING,
     "gemma3_text": SLIDING,
 }
+# Eager only: gemma3_text's stack under a SigLIP tower and Gemma 3's projector.
+GEMMA3 = Architecture(
+    model_type="gemma3",
+    module=Gemma3ForConditionalGeneration,
+    checkpoint_mapping=gemma3_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=gemma3_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=SLIDING,
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     record.model_type: record
@@ -133,6 +163,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         GPT_OSS,
         GLM5_NEXT,
         attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
+        GEMMA3,
+        QWEN2_5_VL,
         *(
             attrs.evolve(DENSE_VARIANT, model_type=name, traits=traits)
             for name, traits in DENSE_VARIANT_TYPES.items()

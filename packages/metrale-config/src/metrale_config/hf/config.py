@@ -21,11 +21,13 @@ from metrale_config.hf.dense_families import (
     parse_smollm3,
 )
 from metrale_config.hf.fp8_quantization import parse_fp8_quantization
+from metrale_config.hf.gemma3 import parse_gemma3
 from metrale_config.hf.glm5_next import parse_glm5_next
 from metrale_config.hf.gpt_oss import parse_gpt_oss
 from metrale_config.hf.llama_like import parse_llama_like
 from metrale_config.hf.moe import parse_glm4_moe, parse_mixtral, parse_qwen3_moe
 from metrale_config.hf.quantization import parse_int4_quantization
+from metrale_config.hf.qwen2_5_vl import parse_qwen2_5_vl
 from metrale_config.model_config import ModelConfig
 from metrale_config.validation import validate_model_config
 
@@ -48,8 +50,10 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "smollm3": parse_smollm3,
     "phi3": parse_phi3,
     "gemma2": parse_gemma2,
+    "gemma3": parse_gemma3,
     "gemma3_text": parse_gemma3_text,
     "gpt_oss": parse_gpt_oss,
+    "qwen2_5_vl": parse_qwen2_5_vl,
 }
 
 

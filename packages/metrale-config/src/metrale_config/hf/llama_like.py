@@ -121,6 +121,15 @@ DEFAULTS = {
         num_key_value_heads=8,
         sliding_window=128,
     ),
+    "qwen2_5_vl": FamilyDefaults(
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        num_key_value_heads=8,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        sliding_window=4096,
+    ),
 }
 
 _SLIDING_LAYER_TYPES = {FULL.value: FULL, SLIDING.value: SLIDING}

@@ -2,35 +2,25 @@
 
 Decode (EXIF orientation applied), flatten any transparency onto white, resize with Pillow onto
 the top-left of a zero canvas (:mod:`.smart_resize`), rescale and normalize in float32, and cut
-into patches merge block by merge block, each patch repeated over ``temporal_patch_size`` frames.
+into patches merge block by merge block, each patch repeated over ``temporal_patch_size`` frames
+(every step but the canvas is shared: :mod:`metrale_model_arch.families.vision.pixels`).
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
-from metrale_model_arch.families.glm5_next.vision.image_inputs import ImageInputs
 from metrale_model_arch.families.glm5_next.vision.processor_config import ImageProcessorConfig
 from metrale_model_arch.families.glm5_next.vision.smart_resize import fit_image
+from metrale_model_arch.families.vision import pixels
+from metrale_model_arch.families.vision.image_inputs import ImageInputs
+from metrale_model_arch.families.vision.pixels import decode_image, to_rgb
 
-
-def decode_image(data: bytes) -> Image.Image:
-    """Raises ``PIL.UnidentifiedImageError`` (an ``OSError``) for bytes Pillow cannot read."""
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    return ImageOps.exif_transpose(image)
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
-    return image.convert("RGB")
+__all__ = ["decode_image", "normalized_canvas", "patchify", "preprocess_images", "to_rgb"]
 
 
 def normalized_canvas(image: Image.Image, config: ImageProcessorConfig) -> np.ndarray:
@@ -47,25 +37,24 @@ def normalized_canvas(image: Image.Image, config: ImageProcessorConfig) -> np.nd
     (content_h, content_w), (canvas_h, canvas_w) = fit.content, fit.canvas
     if (content_h, content_w) != (rgb.height, rgb.width):
         rgb = rgb.resize((content_w, content_h), resample=Image.Resampling(config.resample))
-    pixels = np.zeros((canvas_h, canvas_w, 3), dtype=np.uint8)
-    pixels[:content_h, :content_w] = np.asarray(rgb)
-    # Rescaled in float64, then float32 throughout (as transformers does).
-    scaled = (pixels.astype(np.float64) * config.rescale_factor).astype(np.float32)
-    mean = np.asarray(config.image_mean, dtype=np.float32)
-    std = np.asarray(config.image_std, dtype=np.float32)
-    return np.ascontiguousarray(((scaled - mean) / std).transpose(2, 0, 1))
+    canvas = np.zeros((canvas_h, canvas_w, 3), dtype=np.uint8)
+    canvas[:content_h, :content_w] = np.asarray(rgb)
+    return pixels.normalize(
+        canvas,
+        rescale_factor=config.rescale_factor,
+        mean=config.image_mean,
+        std=config.image_std,
+    )
 
 
 def patchify(canvas: np.ndarray, config: ImageProcessorConfig) -> tuple[np.ndarray, int, int]:
     """``(3, height, width)`` -> ``(rows * cols, 3 * frames * patch**2)`` patches, rows, cols."""
-    channels, height, width = canvas.shape
-    patch, merge, frames = config.patch_size, config.merge_size, config.temporal_patch_size
-    rows, cols = height // patch, width // patch
-    blocks = canvas.reshape(channels, rows // merge, merge, patch, cols // merge, merge, patch)
-    # (block row, block col, row in block, col in block, channel, pixel row, pixel col)
-    blocks = blocks.transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, None]
-    repeated = np.broadcast_to(blocks, (*blocks.shape[:5], frames, patch, patch))
-    return repeated.reshape(rows * cols, channels * frames * patch * patch), rows, cols
+    return pixels.patchify(
+        canvas,
+        patch_size=config.patch_size,
+        merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size,
+    )
 
 
 def preprocess_images(images: Sequence[Image.Image], config: ImageProcessorConfig) -> ImageInputs:

@@ -9,12 +9,17 @@ from pathlib import Path
 import attrs
 
 from metrale_config import VisionConfig
+from metrale_model_arch.families.vision.processor_fields import (
+    CLIP_MEAN,
+    CLIP_STD,
+    PIL_BICUBIC,
+    PREPROCESSOR_CONFIG,
+    check_steps,
+    integer_field,
+    numbers_field,
+)
 
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
-# OpenAI CLIP's, transformers' defaults for this processor.
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-PIL_BICUBIC = 3
+__all__ = ["CLIP_MEAN", "CLIP_STD", "PIL_BICUBIC", "PREPROCESSOR_CONFIG", "ImageProcessorConfig"]
 
 
 @attrs.frozen(kw_only=True)
@@ -42,21 +47,21 @@ class ImageProcessorConfig:
     def from_json(cls, data: Mapping[str, object], vision: VisionConfig) -> ImageProcessorConfig:
         """``data`` (a ``preprocessor_config.json``) over the tower's patch geometry; raises
         ``ValueError`` for fields the tower cannot take or steps turned off."""
-        for step in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-            if data.get(step, True) is not True:
-                raise ValueError(f"{PREPROCESSOR_CONFIG}: {step} false is not supported")
+        check_steps(data)
         defaults = cls()
         config = cls(
-            patch_size=_integer(data, "patch_size", vision.patch_size),
-            temporal_patch_size=_integer(data, "temporal_patch_size", vision.temporal_patch_size),
-            merge_size=_integer(data, "merge_size", vision.spatial_merge_size),
-            patch_expand_factor=_integer(data, "patch_expand_factor", 1),
-            min_image_tokens=_integer(data, "min_image_tokens", defaults.min_image_tokens),
-            max_image_tokens=_integer(data, "max_image_tokens", defaults.max_image_tokens),
-            resample=_integer(data, "resample", PIL_BICUBIC, minimum=0),
-            rescale_factor=_numbers(data, "rescale_factor", (defaults.rescale_factor,))[0],
-            image_mean=_numbers(data, "image_mean", CLIP_MEAN),
-            image_std=_numbers(data, "image_std", CLIP_STD),
+            patch_size=integer_field(data, "patch_size", vision.patch_size),
+            temporal_patch_size=integer_field(
+                data, "temporal_patch_size", vision.temporal_patch_size
+            ),
+            merge_size=integer_field(data, "merge_size", vision.spatial_merge_size),
+            patch_expand_factor=integer_field(data, "patch_expand_factor", 1),
+            min_image_tokens=integer_field(data, "min_image_tokens", defaults.min_image_tokens),
+            max_image_tokens=integer_field(data, "max_image_tokens", defaults.max_image_tokens),
+            resample=integer_field(data, "resample", PIL_BICUBIC, minimum=0),
+            rescale_factor=numbers_field(data, "rescale_factor", (defaults.rescale_factor,))[0],
+            image_mean=numbers_field(data, "image_mean", CLIP_MEAN),
+            image_std=numbers_field(data, "image_std", CLIP_STD),
         )
         geometry = (config.patch_size, config.temporal_patch_size, config.merge_size)
         tower = (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size)
@@ -73,24 +78,3 @@ class ImageProcessorConfig:
         path = directory / PREPROCESSOR_CONFIG
         data = json.loads(path.read_text()) if path.is_file() else {}
         return cls.from_json(data, vision)
-
-
-def _integer(data: Mapping[str, object], name: str, default: int, *, minimum: int = 1) -> int:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{PREPROCESSOR_CONFIG}: {name} must be an integer >= {minimum}, got {value!r}"
-        )
-    return value
-
-
-def _numbers(
-    data: Mapping[str, object], name: str, default: tuple[float, ...]
-) -> tuple[float, ...]:
-    """A number or a list of numbers, as a tuple."""
-    value = data.get(name, default)
-    values = list(value) if isinstance(value, list | tuple) else [value]
-    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    if not values or len(numbers) != len(values):
-        raise ValueError(f"{PREPROCESSOR_CONFIG}: {name} must be numbers, got {value!r}")
-    return tuple(float(v) for v in numbers)

@@ -1,0 +1,40 @@
+"""Reads of ``preprocessor_config.json`` fields every image processor here shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+# OpenAI CLIP's, transformers' defaults for these processors.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+PIL_BICUBIC = 3
+_STEPS = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
+
+
+def check_steps(data: Mapping[str, object]) -> None:
+    """Raises ``ValueError`` for a preprocessing step turned off (each is always taken)."""
+    for step in _STEPS:
+        if data.get(step, True) is not True:
+            raise ValueError(f"{PREPROCESSOR_CONFIG}: {step} false is not supported")
+
+
+def integer_field(data: Mapping[str, object], name: str, default: int, *, minimum: int = 1) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{PREPROCESSOR_CONFIG}: {name} must be an integer >= {minimum}, got {value!r}"
+        )
+    return value
+
+
+def numbers_field(
+    data: Mapping[str, object], name: str, default: tuple[float, ...]
+) -> tuple[float, ...]:
+    """A number or a list of numbers, as a tuple."""
+    value = data.get(name, default)
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if not values or len(numbers) != len(values):
+        raise ValueError(f"{PREPROCESSOR_CONFIG}: {name} must be numbers, got {value!r}")
+    return tuple(float(v) for v in numbers)
