@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn import functional
 
 from metrale_kernels import AttentionMetadata, TorchBackend, build_attention_metadata
 from metrale_kernels.reference import paged_attention as paged_attention_module
@@ -45,6 +46,7 @@ def make_batch(
     num_kv_heads: int,
     dtype: torch.dtype = torch.float32,
     num_spare_blocks: int = 3,
+    head_dim: int = HEAD_DIM,
 ) -> PagedBatch:
     """A pool with shuffled block ids and NaN in every slot no sequence owns.
 
@@ -56,7 +58,7 @@ def make_batch(
     num_blocks = sum(blocks_per_seq) + num_spare_blocks
     block_ids = torch.randperm(num_blocks, generator=generator).tolist()
     spare_ids = block_ids[sum(blocks_per_seq) :]
-    cache_shape = (num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
     v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
     tables: list[list[int]] = []
@@ -66,8 +68,8 @@ def make_batch(
     for seq_len, num_seq_blocks in zip(seq_lens, blocks_per_seq, strict=True):
         table = block_ids[used : used + num_seq_blocks]
         used += num_seq_blocks
-        seq_keys = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=generator).to(dtype)
-        seq_values = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=generator).to(dtype)
+        seq_keys = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype)
+        seq_values = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype)
         for position in range(seq_len):
             block, offset = table[position // block_size], position % block_size
             k_cache[block, offset] = seq_keys[position]
@@ -76,7 +78,7 @@ def make_batch(
         tables.append(table + padding)
         keys.append(seq_keys)
         values.append(seq_values)
-    q = torch.randn(sum(query_lens), num_heads, HEAD_DIM, generator=generator).to(dtype)
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=generator).to(dtype)
     metadata = build_attention_metadata(
         block_tables=tables, seq_lens=seq_lens, query_lens=query_lens, block_size=block_size
     )
@@ -263,6 +265,44 @@ def test_bfloat16(sliding_window: int | None, query_lens: list[int]) -> None:
         dtype=torch.bfloat16,
     )
     check(batch, sliding_window, atol=2e-2)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 8])
+def test_a_bfloat16_row_is_transformers_decode_step(sliding_window: int | None) -> None:
+    """On the CPU every bf16 row, a prefill's too, has the bits of SDPA over that row alone and
+    its visible keys: what transformers' sdpa computes for a decode step. (A head dim of 128:
+    there several query rows of one call round differently from a lone one.)"""
+    batch = make_batch(
+        seed=12,
+        seq_lens=[50, 17, 33],
+        query_lens=[1, 17, 20],
+        block_size=16,
+        num_heads=16,
+        num_kv_heads=4,
+        dtype=torch.bfloat16,
+        head_dim=128,
+    )
+    scale = 128**-0.5
+    out = TorchBackend().paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.metadata, scale, sliding_window
+    )
+    row = 0
+    for seq_keys, seq_values, query_len in zip(
+        batch.keys, batch.values, batch.metadata.query_lens, strict=True
+    ):
+        seq_len = seq_keys.shape[0]
+        for position in range(seq_len - query_len, seq_len):
+            first = paged_attention_module.first_visible(position, sliding_window)
+            # (1, heads, 1, dim) over (1, kv_heads, keys, dim)
+            alone = functional.scaled_dot_product_attention(
+                batch.q[row][None, :, None],
+                seq_keys[first : position + 1].transpose(0, 1)[None],
+                seq_values[first : position + 1].transpose(0, 1)[None],
+                scale=scale,
+                enable_gqa=True,
+            )
+            assert torch.equal(out[row], alone[0, :, 0]), f"position {position}"
+            row += 1
 
 
 def test_leaves_inputs_untouched() -> None:

@@ -6,7 +6,10 @@ result changes with how many rows share its step (measured with torch's float32 
 AVX2 CPU: a row alone, and the last ``M % 4`` rows, differ from the same row among 200 in the
 last bits). Padding every call to whole tiles with zero rows puts each row in a full tile,
 computed the same way whatever else is in the call. The tile is probed on this machine at run
-time (:func:`matmul_row_tile`), since machines of one class differ in their kernels.
+time (:func:`matmul_row_tile`), since machines of one class differ in their kernels. A longer
+call runs as calls of at most ``MAX_CALL_ROWS`` rows, so the kernels only ever see the row
+counts the probe tried: oneDNN's bf16 GEMMs on a CPU with AMX pick another kernel as the rows
+grow (measured: tile 32 broke at 33 rows, tile 64 at 2048).
 """
 
 from __future__ import annotations
@@ -16,10 +19,15 @@ import functools
 import torch
 
 # Tiles tried, smallest first; a padded call costs at most tile - 1 extra rows.
-CANDIDATE_TILES = (4, 8, 16, 32)
+CANDIDATE_TILES = (4, 8, 16, 32, 64)
+# Rows of one matmul call at most (a multiple of every candidate tile).
+MAX_CALL_ROWS = 256
+# Where no tile keeps calls of up to MAX_CALL_ROWS rows invariant, calls of exactly one of these
+# tiles each (fewer rows a call cost prefill speed, so not the smallest).
+SPLIT_TILES = (32, 64)
 # (in, out) shapes probed: small and large reductions, both weight layouts.
 _PROBE_SHAPES = ((64, 96), (512, 1024))
-_PROBE_ROWS = (1, 2, 3, 5, 7, 9, 13, 33)
+_PROBE_ROWS = (1, 2, 3, 5, 7, 9, 13, 33, 65, 129, 200, MAX_CALL_ROWS)
 
 
 def padded_rows(num_rows: int, tile: int) -> int:
@@ -27,10 +35,23 @@ def padded_rows(num_rows: int, tile: int) -> int:
 
 
 def row_invariant_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tile: int | None,
+    *,
+    call_rows: int = MAX_CALL_ROWS,
 ) -> torch.Tensor:
-    """``x @ weight.T + bias`` with ``x``'s rows padded to whole ``tile``s (None: unpadded)."""
+    """``x @ weight.T + bias`` with ``x``'s rows padded to whole ``tile``s, in calls of at most
+    ``call_rows`` rows (None: one plain call)."""
     num_rows = x.shape[0]
+    if tile is not None and num_rows > call_rows:
+        return torch.cat(
+            [
+                row_invariant_linear(x[start : start + call_rows], weight, bias, tile)
+                for start in range(0, num_rows, call_rows)
+            ]
+        )
     if tile is None or num_rows % tile == 0:
         return torch.nn.functional.linear(x, weight, bias)
     padded = x.new_zeros((padded_rows(num_rows, tile), x.shape[1]))
@@ -38,7 +59,7 @@ def row_invariant_linear(
     return torch.nn.functional.linear(padded, weight, bias)[:num_rows]
 
 
-def _tile_is_invariant(tile: int, dtype: torch.dtype) -> bool:
+def _is_invariant(tile: int, call_rows: int, dtype: torch.dtype) -> bool:
     generator = torch.Generator().manual_seed(0)
     for cols, rows in _PROBE_SHAPES:
         for column_major in (False, True):
@@ -46,20 +67,42 @@ def _tile_is_invariant(tile: int, dtype: torch.dtype) -> bool:
             if column_major:
                 weight = weight.t().contiguous().t()
             x = torch.randn(max(_PROBE_ROWS), cols, generator=generator).to(dtype)
-            alone = row_invariant_linear(x[:1], weight, None, tile)[0]
+
+            def linear(rows: torch.Tensor, weight: torch.Tensor = weight) -> torch.Tensor:
+                return row_invariant_linear(rows, weight, None, tile, call_rows=call_rows)
+
+            # Every row of every call: a kernel may keep a call's first rows and change others.
+            alone = torch.cat([linear(x[i : i + 1]) for i in range(len(x))])
             for num_rows in _PROBE_ROWS:
-                if not torch.equal(
-                    row_invariant_linear(x[:num_rows], weight, None, tile)[0], alone
-                ):
+                if not torch.equal(linear(x[:num_rows]), alone[:num_rows]):
                     return False
     return True
 
 
 @functools.cache
-def matmul_row_tile(dtype: torch.dtype = torch.float32) -> int | None:
-    """The least row tile that makes this machine's ``dtype`` CPU matmuls row-invariant, or
-    None when no candidate does (then float matmuls are not row-invariant here)."""
+def _row_tiling(dtype: torch.dtype) -> tuple[int, int] | None:
+    """(tile, call rows): the least tile that keeps padded calls of up to ``MAX_CALL_ROWS``
+    rows invariant; else calls of exactly one ``SPLIT_TILES`` tile each (oneDNN's bf16 kernels
+    on a CPU with AMX: measured invariant only up to one tile of 32, or 64, rows, depending on
+    the thread count and the weight's layout); None when neither works."""
     for tile in CANDIDATE_TILES:
-        if _tile_is_invariant(tile, dtype):
-            return tile
+        if _is_invariant(tile, MAX_CALL_ROWS, dtype):
+            return tile, MAX_CALL_ROWS
+    for tile in SPLIT_TILES:
+        if _is_invariant(tile, tile, dtype):
+            return tile, tile
     return None
+
+
+def matmul_row_tile(dtype: torch.dtype = torch.float32) -> int | None:
+    """The row tile that makes this machine's ``dtype`` CPU matmuls row-invariant (with calls
+    of :func:`matmul_call_rows` rows at most), or None when none does (then float matmuls are
+    not row-invariant here)."""
+    tiling = _row_tiling(dtype)
+    return None if tiling is None else tiling[0]
+
+
+def matmul_call_rows(dtype: torch.dtype = torch.float32) -> int:
+    """The most rows one row-invariant ``dtype`` matmul call may have on this machine."""
+    tiling = _row_tiling(dtype)
+    return MAX_CALL_ROWS if tiling is None else tiling[1]

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
-from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+from metrale_kernels.row_invariant import (
+    matmul_call_rows,
+    matmul_row_tile,
+    row_invariant_linear,
+)
 
 ACTIVATIONS = ("silu",)
 
@@ -62,14 +66,19 @@ def fused_moe(
     # On the CPU each expert's rows are padded to whole row tiles: a token's result does not
     # depend on how many others chose its experts (:mod:`metrale_kernels.row_invariant`).
     tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
+    call_rows = matmul_call_rows(hidden.dtype)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         rows = slice(start, start + count)
-        gate_up = row_invariant_linear(routed[rows], w_gate_up[expert], None, tile)
+        gate_up = row_invariant_linear(
+            routed[rows], w_gate_up[expert], None, tile, call_rows=call_rows
+        )
         activated = swiglu(gate_up, swiglu_limit)
-        expert_out[rows] = row_invariant_linear(activated, w_down[expert], None, tile)
+        expert_out[rows] = row_invariant_linear(
+            activated, w_down[expert], None, tile, call_rows=call_rows
+        )
         start += count
     expert_out *= topk_weights.flatten().index_select(0, order).float()[:, None]
     summed = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)

@@ -7,12 +7,19 @@ that is a function of the row alone: from its first visible key rounded down to 
 with the same span share one matmul, its rows padded to the machine's row tile
 (:func:`~metrale_kernels.row_invariant.matmul_row_tile`), so each row's scores and sums are
 computed the same way whatever else is in the step.
+
+In bfloat16 a row is instead one query of torch's CPU flash attention over its own keys, the
+call transformers' sdpa makes for a decode step (:func:`flash_row_attention`): scores, softmax
+and sums in float32, the exponentials rounded to bfloat16 before they weigh the values.
 """
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
+from torch.nn import functional
 
 from metrale_kernels.attention_metadata import AttentionMetadata
 from metrale_kernels.reference.kv_quantization import gather_blocks
@@ -25,6 +32,8 @@ from metrale_kernels.reference.paged_attention import (
 from metrale_kernels.row_invariant import matmul_row_tile, padded_rows
 
 SPAN_QUANTUM = 16
+# Floats per vector of torch's CPU kernels, by the capability they run at.
+_FLOAT_LANES = {"AVX512": 16, "AVX2": 8}
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -70,6 +79,92 @@ def plan_span_groups(
     return tuple(planned)
 
 
+@functools.cache
+def flash_lanes() -> int:
+    """Floats per vector in torch's CPU flash attention here; 1 where unknown (then every row
+    is given exactly its own keys: still a decode step's call, one per key count)."""
+    return _FLOAT_LANES.get(torch.backends.cpu.get_cpu_capability(), 1)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class FlashGroup:
+    """Query rows of one sequence whose keys start at ``start`` and number the same whole
+    vectors of ``flash_lanes()``: each attends ``[start, start + width)``, the keys past its
+    own masked."""
+
+    seq: int
+    rows: torch.Tensor  # (rows,) int64: their token indices in q / out
+    start: int
+    width: int
+    visible: torch.Tensor  # (rows, 1, 1, width) bool: the keys each row attends
+
+
+def plan_flash_groups(
+    metadata: AttentionMetadata, sliding_window: int | None
+) -> tuple[FlashGroup, ...]:
+    check_sliding_window(sliding_window)
+    lanes = flash_lanes()
+    groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    token = 0
+    for seq, (query_len, seq_len) in enumerate(
+        zip(metadata.query_lens, metadata.seq_lens, strict=True)
+    ):
+        for position in range(seq_len - query_len, seq_len):
+            first = first_visible(position, sliding_window)
+            num_keys = position + 1 - first
+            groups.setdefault((seq, first, num_keys // lanes), []).append((token, num_keys))
+            token += 1
+    planned = []
+    for (seq, start, num_vectors), members in groups.items():
+        width = (num_vectors + 1) * lanes - 1
+        counts = torch.tensor([count for _, count in members])[:, None]
+        planned.append(
+            FlashGroup(
+                seq=seq,
+                rows=torch.tensor([row for row, _ in members], dtype=torch.int64),
+                start=start,
+                width=width,
+                visible=(torch.arange(width)[None, :] < counts)[:, None, None, :],
+            )
+        )
+    return tuple(planned)
+
+
+def flash_row_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Each row of ``q`` as transformers' sdpa attends a decode step's one query on the CPU.
+
+    NOTE: torch's flash kernel exponentiates a row's scores a vector at a time with a fast
+    approximation and the keys past its last whole vector with ``std::exp``, and its matmuls
+    round a lone query row differently from several: a row's result depends on how many keys it
+    is given and on being alone in its (batch, head). So every row is a batch entry of its own,
+    over a key count with as many whole vectors as its visible keys (the rest masked: masked
+    keys change no sum), which is what a decode step of transformers computes."""
+    plan = metadata.derived(("flash_rows", sliding_window), plan_flash_groups, sliding_window)
+    for group in plan:
+        num_rows = group.rows.shape[0]
+        # (kv_heads, width, dim), expanded to every row without a copy.
+        keys = _span(k_cache, metadata, group.seq, group.start, group.width).to(q.dtype)
+        values = _span(v_cache, metadata, group.seq, group.start, group.width).to(q.dtype)
+        attended = functional.scaled_dot_product_attention(
+            q.index_select(0, group.rows).unsqueeze(2),
+            keys.expand(num_rows, -1, -1, -1),
+            values.expand(num_rows, -1, -1, -1),
+            attn_mask=group.visible,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out.index_copy_(0, group.rows, attended.squeeze(2))
+    return out
+
+
 def _span(
     cache: torch.Tensor, metadata: AttentionMetadata, seq: int, start: int, width: int
 ) -> torch.Tensor:
@@ -110,9 +205,11 @@ def row_invariant_attention(
     num_kv_heads = k_cache.shape[2]
     group = group_size(num_heads, num_kv_heads)
     check_cache_shape(q, k_cache, v_cache)
-    tile = matmul_row_tile(q.dtype) or 1
     if out is None:
         out = torch.empty_like(q)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and softcap is None and sinks is None:
+        return flash_row_attention(q, k_cache, v_cache, metadata, scale, sliding_window, out)
+    tile = matmul_row_tile(q.dtype) or 1
     plan = metadata.derived(
         ("row_invariant_spans", sliding_window), plan_span_groups, sliding_window
     )

@@ -6,18 +6,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+from metrale_kernels.row_invariant import matmul_call_rows, matmul_row_tile, row_invariant_linear
 
 
 class RowInvariantLinear(nn.Linear):
-    """``nn.Linear`` whose calls are padded to ``row_tile`` rows (set by :func:`swap_in`)."""
+    """``nn.Linear`` whose calls are padded to ``row_tile`` rows, ``row_call_rows`` rows a call
+    at most (set by :func:`make_float_linears_row_invariant`)."""
 
     row_tile: int | None = None
+    row_call_rows: int = 256
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return super().forward(x)
-        return row_invariant_linear(x, self.weight, self.bias, self.row_tile)
+        return row_invariant_linear(
+            x, self.weight, self.bias, self.row_tile, call_rows=self.row_call_rows
+        )
 
 
 def make_float_linears_row_invariant(model: nn.Module, dtype: torch.dtype) -> int | None:
@@ -32,6 +36,7 @@ def make_float_linears_row_invariant(model: nn.Module, dtype: torch.dtype) -> in
             module.__class__ = RowInvariantLinear
             assert isinstance(module, RowInvariantLinear)
             module.row_tile = tile
+            module.row_call_rows = matmul_call_rows(dtype)
     return tile
 
 

@@ -12,7 +12,11 @@ import torch
 from torch import nn
 
 from metrale_config import ModelConfig, MoeConfig
-from metrale_kernels.row_invariant import matmul_row_tile, row_invariant_linear
+from metrale_kernels.row_invariant import (
+    matmul_call_rows,
+    matmul_row_tile,
+    row_invariant_linear,
+)
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -58,15 +62,24 @@ class BiasedExperts(nn.Module):
         expert order (a token's sum does not depend on the other tokens of the step)."""
         # On the CPU each expert's rows are padded to whole row tiles (row invariance).
         tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
+        call_rows = matmul_call_rows(hidden.dtype)
         out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         for expert in sorted(set(ids.flatten().tolist())):
             tokens, slots = torch.where(ids == expert)
             gate_up = row_invariant_linear(
-                hidden[tokens], self.gate_up_proj[expert].t(), self.gate_up_proj_bias[expert], tile
+                hidden[tokens],
+                self.gate_up_proj[expert].t(),
+                self.gate_up_proj_bias[expert],
+                tile,
+                call_rows=call_rows,
             )
             activated = clamped_swiglu(gate_up, self.alpha, self.limit)
             expert_out = row_invariant_linear(
-                activated, self.down_proj[expert].t(), self.down_proj_bias[expert], tile
+                activated,
+                self.down_proj[expert].t(),
+                self.down_proj_bias[expert],
+                tile,
+                call_rows=call_rows,
             )
             out.index_add_(0, tokens, expert_out.float() * weights[tokens, slots, None])
         return out.to(hidden.dtype)
