@@ -13,11 +13,13 @@ from metrale_testing.checkpoints import (
     save_tiny_glm4_moe,
     save_tiny_llama,
 )
+from metrale_testing.glm5_mtp import add_glm5_mtp_layer
 from metrale_testing.greedy import paged_greedy, transformers_greedy
 from metrale_testing.servers import free_port, serve_app_in_thread, serve_http_handler, served
 from metrale_testing.session import build_native_ops_first, stay_eager
 
 __all__ = [
+    "add_glm5_mtp_layer",
     "build_native_ops_first",
     "free_port",
     "paged_greedy",

@@ -25,6 +25,10 @@ RUNTIME_HEADROOM = "runtime_headroom"
 # A speculative draft model: its weights and RoPE table, and its own KV pool.
 DRAFT_MODEL = "draft_model"
 DRAFT_KV_POOL = "draft_kv_pool"
+# Speculation over per-sequence state: each slot's checkpoint before a verify step, and the
+# MTP proposer's own per-sequence state (its drafter layer's indexer and fixed buffers).
+SPEC_STATE_SNAPSHOT = "spec_state_snapshot"
+PROPOSER_STATE = "proposer_state"
 
 
 def weight_owner(param_name: str) -> str:

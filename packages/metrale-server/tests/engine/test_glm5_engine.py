@@ -15,7 +15,6 @@ from metrale_model_arch.memory.seq_state_reserve import per_sequence_state_bytes
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 from metrale_server.output.outputs import RequestOutput
-from metrale_server.speculative_config import SpeculativeConfig
 
 FLAT_LEVER = "METRALE_GLM_DSA_INDEXER_FLAT"
 MAX_SEQ_LEN = 256
@@ -79,19 +78,6 @@ def test_prefix_caching_is_off_for_a_model_with_sequence_state(
     prompt = make_prompts()[3]
     first, second = (token_ids(llm.generate([prompt], greedy()))[0] for _ in range(2))
     assert first == second == alone_reference[3]
-
-
-def test_speculative_decoding_is_refused_for_it(tiny_glm5_dir: Path) -> None:
-    speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
-    with pytest.raises(ValueError, match="per-sequence state"):
-        build_engine(
-            EngineArgs(
-                model=str(tiny_glm5_dir),
-                dtype="float32",
-                max_seq_len=MAX_SEQ_LEN,
-                speculative_config=speculative,
-            )
-        )
 
 
 def test_a_block_size_that_splits_pools_is_refused_naming_the_flag(tiny_glm5_dir: Path) -> None:

@@ -5,9 +5,10 @@ mixer (DSA: MLA plus, on "full" layers, an indexer; or KDA linear attention) and
 SwiGLU MLP, or the MoE: routed experts, a router and shared experts). Parameters transformers
 creates in float32 whatever the serve dtype (the router and its score-correction bias, the
 hyper-connections' ``base`` and
-``scale``, KDA's ``conv1d``, ``dt_bias`` and ``A_log``) are counted in ``layers_fp32``. The
-checkpoint's MTP layers are not part of this model and are not counted; its vision tower, when
-the config declares one, is (:mod:`.glm5_next_vision`).
+``scale``, KDA's ``conv1d``, ``dt_bias`` and ``A_log``) are counted in ``layers_fp32``. The MTP
+layers the config declares are counted in ``mtp`` / ``mtp_fp32`` (a DSA decoder layer over one
+stream with its own indexer, ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``); the
+vision tower, when the config declares one, in ``vision`` (:mod:`.glm5_next_vision`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def glm5_next_param_counts(config: ModelConfig) -> ParamCounts:
     for layer in skeleton.layers:
         layers += decoder_layer_params(config, layer)
     embeddings = config.vocab_size * config.hidden_size
+    mtp = SplitParams()
+    if config.mtp is not None:
+        one_stream = attrs.evolve(
+            config, mhc=attrs.evolve(_section(config, config.mhc, "MHC"), num_streams=1)
+        )
+        hidden = config.hidden_size
+        own = SplitParams(serve=3 * hidden + 2 * hidden * hidden)  # norms and eh_proj
+        for k in range(config.mtp.num_layers):
+            mtp += decoder_layer_params(one_stream, mtp_layer(config, k)) + own
     return ParamCounts(
         embeddings=embeddings,
         layers=layers.serve,
@@ -61,7 +71,19 @@ def glm5_next_param_counts(config: ModelConfig) -> ParamCounts:
         lm_head=0 if config.tie_word_embeddings else embeddings,
         layers_fp32=layers.fp32,
         vision=vision_tower_params(config.vision) if config.vision is not None else 0,
+        mtp=mtp.serve,
+        mtp_fp32=mtp.fp32,
     )
+
+
+def mtp_layer(config: ModelConfig, k: int) -> SkeletonLayer:
+    """MTP layer ``k``'s block: a DSA layer with its own indexer, its FFN the MoE unless the
+    config names it dense."""
+    assert config.mtp is not None
+    ffns = config.mtp.mlp_layer_types
+    ffn = Ffn.DENSE if k < len(ffns) and ffns[k] == "dense" else Ffn.MOE
+    index = config.num_hidden_layers + k
+    return SkeletonLayer(index=index, mixer=Mixer.DSA, ffn=ffn, has_own_indexer=True)
 
 
 def decoder_layer_params(config: ModelConfig, layer: SkeletonLayer) -> SplitParams:

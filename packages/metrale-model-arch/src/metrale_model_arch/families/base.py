@@ -78,13 +78,15 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
+        state: LayerState = (),
     ) -> torch.Tensor:
         """The first MTP layer over ``(tokens,)`` rows: ``input_ids[j]`` is the token after
         the position whose hidden state is ``previous_hidden[j]`` (the target's final hidden
         state there, or this layer's own output one position earlier), at ``positions[j]``;
-        ``kv_cache`` is the layer's own paged cache, written in place. Returns the block's
-        output ``h'`` ``(tokens, hidden_size)``: ``compute_mtp_logits`` takes it, and so does
-        the next application as ``previous_hidden``."""
+        ``kv_cache`` is the layer's own paged cache, written in place, ``state`` its
+        per-sequence state at ``metadata.state_slots`` (a DSA layer's flat indexer). Returns
+        the block's output ``h'`` ``(tokens, hidden_size)``: ``compute_mtp_logits`` takes it,
+        and so does the next application as ``previous_hidden``."""
         raise NotImplementedError(f"{type(self).__name__} has no MTP layers")
 
     def compute_mtp_logits(

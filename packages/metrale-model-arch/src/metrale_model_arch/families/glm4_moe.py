@@ -28,7 +28,7 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
-from metrale_model_arch.families.base import LayerCache
+from metrale_model_arch.families.base import LayerCache, LayerState
 from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.families.decoder_stack import (
     DecoderStack,
@@ -151,7 +151,9 @@ class Glm4MoeForCausalLM(EagerCausalLM):
         positions: torch.Tensor,
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
+        state: LayerState = (),
     ) -> torch.Tensor:
+        del state  # a GQA layer keeps nothing per sequence
         embeds = self.model.embed_tokens(input_ids)
         cos_sin = self.model.cos_sin_cache
         return self._mtp_layer.forward_mtp(

@@ -41,7 +41,13 @@ from metrale_model_arch.memory.plan import (
     plan_memory,
 )
 from metrale_model_arch.memory.rope_table import rope_table_bytes
-from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
+from metrale_model_arch.memory.seq_state_reserve import (
+    PerSequenceState,
+    ProposerBuffer,
+    drafts_with_dsa,
+    per_sequence_state_bytes,
+    proposer_buffers,
+)
 from metrale_model_arch.memory.weights import (
     MTP,
     VISION,
@@ -76,12 +82,14 @@ __all__ = [
     "ParamCounts",
     "PerSequenceState",
     "PlanInputs",
+    "ProposerBuffer",
     "WeightBytes",
     "arena_buffers",
     "buffer_arena_bytes",
     "draft_kv_bytes_per_token",
     "draft_max_seq_len",
     "draft_model_bytes",
+    "drafts_with_dsa",
     "dsa_capacity",
     "indexer_state_bytes",
     "kv_bytes_per_block",
@@ -94,6 +102,7 @@ __all__ = [
     "param_counts",
     "per_sequence_state_bytes",
     "plan_memory",
+    "proposer_buffers",
     "rope_table_bytes",
     "runtime_headroom_bytes",
     "step_activation_bytes",

@@ -6,17 +6,20 @@ The draft caches K/V in a paged pool of its own with as many blocks as the targe
 running sequence never needs more draft blocks than target blocks (the draft caches one
 position fewer), so each block the plan buys costs the target's block bytes plus the draft's.
 The draft's weights are reserved before the pools are sized; the pools are owners
-``kv_pool`` and ``draft_kv_pool``, the weights ``draft_model``.
+``kv_pool`` and ``draft_kv_pool``, the weights ``draft_model`` (with, for a draft with
+linear-attention layers, its own state slots and their checkpoints: :func:`draft_state_bytes`).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from metrale_config import ModelConfig
-from metrale_model_arch.cache_spec import LayerCacheSpec
+from metrale_config import SPARSE_ATTENTION, ModelConfig
+from metrale_model_arch.cache_spec import LayerCacheSpec, SparseAttentionSpec
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
+from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
 from metrale_model_arch.memory.rope_table import rope_table_bytes
+from metrale_model_arch.memory.spec_rollback import spec_checkpoint_reserve_bytes
 from metrale_model_arch.memory.weights import weight_bytes
 from metrale_model_arch.registry import cache_specs
 from metrale_model_arch.weight_format import Quantization
@@ -41,6 +44,14 @@ def draft_model_bytes(draft: DraftInputs, dtype_bytes: int, max_seq_len: int) ->
     return weights + rope_table_bytes(draft.config, draft_max_seq_len(draft.config, max_seq_len))
 
 
+def draft_state_bytes(draft: DraftInputs, max_batch_size: int) -> int:
+    """A draft with per-sequence state (linear attention): its state pool and its checkpoints,
+    one per slot (its indexer, like its K/V, paged in the draft pool); 0 for any other."""
+    return linear_state_pool_bytes(draft.config, max_batch_size) + spec_checkpoint_reserve_bytes(
+        draft.config, max_batch_size, indexer_paged=True, spec_on=True
+    )
+
+
 def draft_kv_bytes_per_token(draft: DraftInputs, dtype_bytes: int) -> int:
     """One token of the draft's paged K/V across its layers."""
     return kv_bytes_per_token(draft.config, dtype_bytes, indexer_paged=True)
@@ -48,14 +59,17 @@ def draft_kv_bytes_per_token(draft: DraftInputs, dtype_bytes: int) -> int:
 
 def mtp_cache_spec(config: ModelConfig) -> LayerCacheSpec:
     """The paged cache of the MTP layer speculation runs (the first): a target layer's spec of
-    its type (layer 0's when the config names none), K/V at the serve dtype."""
+    its type (unnamed: a DSA layer's, else layer 0's), K/V at the serve dtype. A DSA layer pages
+    only its latent: its indexer is per sequence, the proposer's state
+    (:func:`~metrale_model_arch.memory.seq_state_reserve.per_sequence_state_bytes`)."""
     if config.mtp is None:
         raise ValueError(f"{config.source}: {config.model_type} has no MTP layers")
     specs = cache_specs(config, indexer_paged=True)
     kinds, layer_types = config.mtp.layer_types, config.layer_types
-    if kinds and kinds[0] in layer_types:
-        return specs[layer_types.index(kinds[0])]
-    return specs[0]
+    # Unnamed, a model with DSA layers drafts with one (GLM-5.3's MTP layer is DSA).
+    kind = kinds[0] if kinds else SPARSE_ATTENTION
+    spec = specs[layer_types.index(kind)] if kind in layer_types else specs[0]
+    return spec.latent if isinstance(spec, SparseAttentionSpec) else spec
 
 
 def mtp_kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:

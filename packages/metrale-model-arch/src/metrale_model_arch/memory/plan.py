@@ -22,6 +22,7 @@ from metrale_model_arch.memory.draft import (
     DraftInputs,
     draft_kv_bytes_per_token,
     draft_model_bytes,
+    draft_state_bytes,
     mtp_kv_bytes_per_token,
 )
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes
@@ -29,6 +30,7 @@ from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
 from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
+from metrale_model_arch.memory.spec_rollback import spec_checkpoint_reserve_bytes
 from metrale_model_arch.memory.weights import WeightBytes, weight_bytes
 from metrale_model_arch.owners import (
     BUFFER_ARENA,
@@ -37,8 +39,10 @@ from metrale_model_arch.owners import (
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
+    PROPOSER_STATE,
     ROPE_TABLE,
     RUNTIME_HEADROOM,
+    SPEC_STATE_SNAPSHOT,
 )
 from metrale_model_arch.weight_format import Quantization
 
@@ -123,6 +127,8 @@ class MemoryPlan:
     runtime_headroom_bytes: int
     draft_model_bytes: int = 0
     draft_kv_bytes_per_token: int = 0
+    # Speculation over per-sequence state: each slot's checkpoint (``spec_state_snapshot``).
+    spec_snapshot_bytes: int = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -196,12 +202,17 @@ class MemoryPlan:
 
 
 def _reserve_terms(plan: MemoryPlan) -> dict[str, int]:
+    batch = max(plan.max_batch_size, 1)
     terms = {
-        PER_SEQUENCE_STATE: plan.per_sequence_reserve_bytes,
+        PER_SEQUENCE_STATE: plan.per_sequence.target_layers * batch,
         LINEAR_STATE_POOL: plan.linear_state_pool_bytes,
         BUFFER_ARENA: plan.buffer_arena_bytes,
         RUNTIME_HEADROOM: plan.runtime_headroom_bytes,
     }
+    if plan.per_sequence.proposer:
+        terms[PROPOSER_STATE] = plan.per_sequence.proposer * batch
+    if plan.spec_snapshot_bytes:
+        terms[SPEC_STATE_SNAPSHOT] = plan.spec_snapshot_bytes
     if plan.inputs.draft is not None:
         terms[DRAFT_MODEL] = plan.draft_model_bytes
     return terms
@@ -232,8 +243,9 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
     budget = inputs.budget_bytes
     weights = weight_bytes(config, inputs.dtype_bytes, inputs.quantization)
     rope = rope_table_bytes(config, inputs.max_seq_len)
+    # Only the MTP proposer owns per-sequence state: n-gram and draft-model speculation none.
     per_sequence = per_sequence_state_bytes(
-        config, inputs.max_seq_len, inputs.spec_on, indexer_paged=inputs.indexer_paged
+        config, inputs.max_seq_len, inputs.mtp, indexer_paged=inputs.indexer_paged
     )
     per_token = kv_bytes_per_token(
         config,
@@ -250,6 +262,9 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         kv_blocks=0,
         per_sequence=per_sequence,
         per_sequence_reserve_bytes=per_sequence.for_batch(max_batch_size),
+        spec_snapshot_bytes=spec_checkpoint_reserve_bytes(
+            config, max_batch_size, indexer_paged=inputs.indexer_paged, spec_on=inputs.spec_on
+        ),
         linear_state_pool_bytes=linear_state_pool_bytes(config, max_batch_size),
         buffer_arena_bytes=buffer_arena_bytes(
             config,
@@ -273,7 +288,8 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             plan,
             draft_model_bytes=draft_model_bytes(
                 inputs.draft, inputs.dtype_bytes, inputs.max_seq_len
-            ),
+            )
+            + draft_state_bytes(inputs.draft, max_batch_size),
             draft_kv_bytes_per_token=draft_kv_bytes_per_token(inputs.draft, inputs.dtype_bytes),
         )
     if inputs.mtp:

@@ -32,6 +32,7 @@ from metrale_server.engine.rank_setup import (
     resolve_target,
     worker_engine_args,
 )
+from metrale_server.engine.state_rollback import build_state_rollback
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.pooling.model_task import resolve_model_task
@@ -121,11 +122,7 @@ def _build_parts(
         )
         rank_memory = parallel.collect_memory(own)
         runner.workers = parallel.channel
-    if args.speculative_config is not None and runner.seq_states.allocations:
-        raise ValueError(
-            "--speculative-config: speculative decoding needs a model without per-sequence "
-            f"state ({loaded.config.model_type} keeps some; rolling it back is not built yet)"
-        )
+    rollback = build_state_rollback(args, loaded, plan, ledger, runner)
     draft_proposer = _load_draft_proposer(args, loaded, plan, ledger)
     mtp_proposer = _mtp_proposer(args, loaded, plan, ledger)
     # NOTE: the compiled layer steps would trace the collectives of a split model: eager.
@@ -143,6 +140,7 @@ def _build_parts(
         rank_memory=rank_memory,
         draft_proposer=draft_proposer,
         mtp_proposer=mtp_proposer,
+        rollback=rollback,
         compiler=compiler,
     )
 
@@ -161,6 +159,7 @@ def _mtp_proposer(
         num_slots=plan.max_batch_size,
         num_blocks=plan.kv_blocks,
         block_size=plan.inputs.block_size,
+        max_seq_len=plan.inputs.max_seq_len,
         allocator=ledger.allocate,
     )
 

@@ -24,6 +24,7 @@ from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
 from metrale_server.engine.sequence_group import SequenceGroup
+from metrale_server.engine.state_rollback import StateRollback
 from metrale_server.engine.stats import EngineStats
 from metrale_server.engine.step_result import SampledToken, StepResult
 from metrale_server.engine.stop_check import StopReason, check_stop
@@ -75,6 +76,8 @@ class EngineParts:
     rank_memory: tuple[RankMemory, ...] = ()
     draft_proposer: DraftModelProposer | None = None
     mtp_proposer: MtpProposer | None = None
+    # Speculation over per-sequence state: checkpoints before a verify step, replay after.
+    rollback: StateRollback | None = None
     compiler: LayerCompiler | None = None
 
 
@@ -101,6 +104,7 @@ class EngineCore:
         self.rank_memory = parts.rank_memory
         self.draft_proposer = parts.draft_proposer
         self.mtp_proposer = parts.mtp_proposer
+        self.rollback = parts.rollback
         self.compiler = parts.compiler
         self.block_size = parts.plan.inputs.block_size
         self.max_seq_len = parts.plan.inputs.max_seq_len
@@ -110,7 +114,11 @@ class EngineCore:
         # in blocks (linear attention, a flat indexer) would start from nothing: off for such
         # models (the boot log says so).
         self.has_sequence_state = bool(self.runner.seq_states.allocations)
-        self.prefix_caching = self.args.enable_prefix_caching and not self.has_sequence_state
+        self.prefix_caching = (
+            self.args.enable_prefix_caching
+            and not self.has_sequence_state
+            and self.rollback is None
+        )
         self.block_manager = BlockManager(
             self.num_kv_blocks, self.block_size, enable_prefix_caching=self.prefix_caching
         )
@@ -312,10 +320,14 @@ class EngineCore:
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
+        if self.rollback is not None:
+            self.rollback.save(step)
         result = self.runner.execute(step)
         self.scheduler.finish_step(step)
         _record_prompt_reads(result)
         outputs = self._update(result.tokens)
+        if self.rollback is not None:
+            self.rollback.roll_back(step, self.scheduler)
         if self.mtp_proposer is not None and result.hidden is not None:
             self.mtp_proposer.observe(step.chunks, result.hidden, self._mtp_room)
         self._count(step, sum(token.pooled is None for token in result.tokens))

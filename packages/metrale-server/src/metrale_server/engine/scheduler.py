@@ -181,8 +181,14 @@ class Scheduler:
         seq.draft_token_ids = ()
         self.block_manager.commit_computed(seq)
 
+    def rewind(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """``seq``'s state went back to its first ``num_computed_tokens`` tokens (speculation
+        rolled it back): its next steps compute the rest again, in the blocks it holds."""
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_computed_tokens)
+
     def _propose(self, budget: int) -> dict[int, tuple[int, ...]]:
-        """Drafts, by sequence id, for the running sequences about to decode one token."""
+        """Drafts, by sequence id, for the running sequences about to decode one token (not
+        one rewound: its next step runs its kept tokens again, without drafts)."""
         if self.proposer is None or budget < 2:
             return {}
         decoding = [

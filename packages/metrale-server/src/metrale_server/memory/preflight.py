@@ -220,7 +220,7 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         lines.append(
             "GLM-5.3 DSA indexer: paged in each DSA layer's KV pool, "
             f"{paged_indexer_bytes_per_token(config.dsa.index_head_dim)} B per token per DSA "
-            "layer inside the KV price; nothing reserved per sequence "
+            "layer inside the KV price; nothing reserved per sequence for the target's layers "
             "(METRALE_GLM_DSA_INDEXER_FLAT=1 restores the flat cache)"
         )
     if plan.per_sequence_reserve_bytes > 0:

@@ -10,6 +10,12 @@ The draft's cache then holds every position up to the last draft but one. The ne
 keeps the cached positions whose tokens verification kept (the drafts that match the
 sequence's tokens) and recomputes the rest. A sequence whose blocks the draft pool cannot
 hold gets no drafts that step; its output is the same, only slower.
+
+A draft with per-sequence state (linear attention, as GLM-5.3 has) keeps it in state slots of
+its own (one per the engine's slot, under ``draft_model``): its state after the sequence's
+tokens is checkpointed right after the first draft forward and restored after the last, so the
+next proposal starts from the sequence's tokens at the last one (the drafts verification kept
+run again), and a slot that changed hands starts from zero.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import torch
 
 from metrale_kernels import build_attention_metadata
 from metrale_model_arch import LoadedModel, TensorAllocator, allocate_kv_cache
+from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import draft_max_seq_len
 from metrale_model_arch.owners import DRAFT_KV_POOL, DRAFT_MODEL, KV_POOL
+from metrale_model_arch.state_checkpoints import SlotPosition, allocate_state_checkpoints
 from metrale_server.speculative.draft_blocks import DraftBlocks, DraftingSequence, SlotBlocks
 
 # A probe the two tokenizers must split alike (letters, digits, punctuation, non-ASCII).
@@ -38,8 +46,12 @@ class _SlotCache(SlotBlocks):
     base: int = 0
     drafts: tuple[int, ...] = ()
 
-    def num_valid(self, seq: DraftingSequence) -> int:
-        """Leading positions of ``seq`` whose K/V this cache holds (never its last token)."""
+    def num_valid(self, seq: DraftingSequence, *, keeps_drafts: bool = True) -> int:
+        """Leading positions of ``seq`` whose K/V (and state) this cache holds, never its last
+        token; without ``keeps_drafts`` (a draft with state, back at ``base``) none of the
+        drafts'."""
+        if not keeps_drafts:
+            return min(self.base, seq.num_tokens - 1)
         kept = 0
         for draft, token in zip(self.drafts, seq.token_ids[self.base :], strict=False):
             if draft != token:
@@ -54,6 +66,7 @@ class _Row:
     """One sequence's drafting in a batch: feed ``new`` at positions ``start ..``."""
 
     cache: _SlotCache
+    slot: int
     start: int
     new: list[int]
     num_drafts: int
@@ -117,6 +130,25 @@ class DraftModelProposer:
             block_size=block_size,
             new_cache=lambda ticket: _SlotCache(ticket=ticket),
         )
+        # NOTE: as the draft pool, whatever the target's layout: the indexer paged.
+        self.states = allocate_state_slots(
+            draft.config,
+            num_slots=num_slots,
+            max_seq_len=self.max_seq_len,
+            dtype=draft.dtype,
+            device=draft.device,
+            allocator=draft_allocator(allocator),
+        )
+        self.checkpoints = allocate_state_checkpoints(
+            draft.config,
+            seq_states=self.states,
+            kv_caches=self.kv_caches,
+            num_slots=num_slots,
+            block_size=block_size,
+            indexer_paged=True,
+            allocator=draft_allocator(allocator),
+        )
+        self.has_state = bool(self.states.allocations)
 
     @property
     def num_free_blocks(self) -> int:
@@ -139,6 +171,10 @@ class DraftModelProposer:
                 rows[index] = row
         for step in range(max((row.num_drafts for row in rows.values()), default=0)):
             self._draft_step([row for row in rows.values() if row.num_drafts > step])
+            if step == 0 and self.has_state:
+                self.checkpoints.save(self._positions(rows, seqs))
+        if self.has_state:
+            self.checkpoints.restore(self._positions(rows, seqs))
         for index, row in rows.items():
             row.cache.base, row.cache.drafts = seqs[index].num_tokens, tuple(row.drafts)
         return [tuple(rows[i].drafts) if i in rows else () for i in range(len(seqs))]
@@ -149,8 +185,30 @@ class DraftModelProposer:
         cache = self.blocks.cache(seq) if num_drafts >= 1 else None
         if cache is None or not self.blocks.grow(cache, seq.num_tokens + num_drafts - 1):
             return None
-        start = cache.num_valid(seq)
-        return _Row(cache=cache, start=start, new=seq.token_ids[start:], num_drafts=num_drafts)
+        start = cache.num_valid(seq, keeps_drafts=not self.has_state)
+        assert seq.slot is not None
+        if start == 0 and self.has_state:
+            self.states.reset(seq.slot)
+        return _Row(
+            cache=cache,
+            slot=seq.slot,
+            start=start,
+            new=seq.token_ids[start:],
+            num_drafts=num_drafts,
+        )
+
+    def _positions(
+        self, rows: dict[int, _Row], seqs: SequenceOf[DraftingSequence]
+    ) -> list[SlotPosition]:
+        """Each row's slot after its sequence's tokens."""
+        return [
+            SlotPosition(
+                slot=row.slot,
+                start=seqs[index].num_tokens,
+                block_table=row.cache.blocks,
+            )
+            for index, row in rows.items()
+        ]
 
     def _draft_step(self, rows: list[_Row]) -> None:
         """One draft forward over ``rows``: each feeds its ``new`` tokens and drafts one."""
@@ -159,6 +217,7 @@ class DraftModelProposer:
             seq_lens=[row.start + len(row.new) for row in rows],
             query_lens=[len(row.new) for row in rows],
             block_size=self.block_size,
+            state_slots=[row.slot for row in rows] if self.has_state else None,
             device=self.device,
         )
         input_ids = torch.tensor(
@@ -169,7 +228,8 @@ class DraftModelProposer:
             dtype=torch.int64,
             device=self.device,
         )
-        hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        states = self.states if self.has_state else ()
+        hidden = self.model(input_ids, positions, self.kv_caches, metadata, states)
         last = torch.tensor(_last_indices([len(row.new) for row in rows]), device=self.device)
         logits = self.model.compute_logits(hidden[last])
         tokens = logits[:, : self.vocab_size].argmax(dim=-1).tolist()

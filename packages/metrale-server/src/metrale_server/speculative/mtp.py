@@ -13,7 +13,16 @@ draft and the layer's own output ``h'`` there. ``propose`` hands the drafts to t
 
 A cache starts at the first position the target ran for its sequence (a prefix-cache hit is
 never run: the layer attends from there on) and starts again wherever a step's rows do not
-continue it (the draft pool was short, or another sequence forked from it).
+continue it (the draft pool was short, or another sequence forked from it). Rows it already
+holds are not run again (a rolled-back sequence's step repeats positions the layer cached).
+
+A DSA drafter (GLM-5.3's) keeps its indexer per sequence, in the proposer's own state
+(:mod:`~metrale_model_arch.proposer_state`, owner ``proposer_state``), at the sequence's state
+slot, positions counted from the cache's start. Folding a token into the indexer's filling
+pool cannot be undone by writing it again, so the layer only ever folds the sequence's tokens,
+each once: the rows of the pool the draft steps fold into are copied before them and put back
+after (``index_kpool`` float32 keys and flag bytes a drafting sequence, a step's temporaries),
+so drafts, kept or rejected, leave no trace in the proposer's state.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from metrale_model_arch import LoadedModel, TensorAllocator
 from metrale_model_arch.kv_cache import allocate_layer_cache
 from metrale_model_arch.memory import mtp_cache_spec
 from metrale_model_arch.owners import DRAFT_KV_POOL
+from metrale_model_arch.proposer_state import ProposerState, allocate_proposer_state
 from metrale_server.speculative.draft_blocks import DraftBlocks, DraftingSequence, SlotBlocks
 
 
@@ -71,6 +81,7 @@ class _Row:
     """One sequence's run: ``tokens`` over ``hidden`` at positions ``first ..``."""
 
     cache: _MtpCache
+    slot: int
     first: int
     tokens: list[int]
     hidden: torch.Tensor
@@ -98,9 +109,11 @@ class MtpProposer:
         num_slots: int,
         num_blocks: int,
         block_size: int,
+        max_seq_len: int,
         allocator: TensorAllocator,
     ) -> None:
-        """``allocator`` is the engine's: the layer's cache is charged to ``draft_kv_pool``."""
+        """``allocator`` is the engine's: the layer's cache is charged to ``draft_kv_pool``,
+        its per-sequence state (a DSA drafter's) to ``proposer_state``."""
         check_mtp_model(loaded)
         self.model = loaded.model
         self.device = loaded.device
@@ -115,6 +128,14 @@ class MtpProposer:
             owner=DRAFT_KV_POOL,
             allocator=allocator,
         )
+        self.state: ProposerState | None = allocate_proposer_state(
+            loaded.config,
+            num_slots=num_slots,
+            max_seq_len=max_seq_len,
+            device=loaded.device,
+            allocator=allocator,
+        )
+        self.kpool = loaded.config.dsa.index_kpool if loaded.config.dsa is not None else 1
         self.blocks = DraftBlocks(
             num_slots=num_slots,
             num_blocks=num_blocks,
@@ -165,6 +186,7 @@ class MtpProposer:
             return
         outputs = self._forward(rows, [row.hidden for row in rows])
         drafting = [(row, out) for row, out in zip(rows, outputs, strict=True) if row.num_drafts]
+        saved = self._save_filling_pools([row for row in rows if row.num_drafts > 1])
         while drafting:
             tokens = self._argmax(torch.stack([out for _, out in drafting]))
             for (row, _), token in zip(drafting, tokens, strict=True):
@@ -176,6 +198,7 @@ class MtpProposer:
                 going = [row for row, _ in drafting]
                 outputs = self._forward(going, [out[None] for _, out in drafting])
                 drafting = list(zip(going, outputs, strict=True))
+        self._restore_filling_pools(saved)
         for row in rows:
             row.cache.drafts = tuple(row.drafts)
 
@@ -191,28 +214,63 @@ class MtpProposer:
         cache = None if seq.is_finished or end <= start else self.blocks.cache(seq)
         if cache is None:
             return None
+        assert seq.slot is not None
         if not cache.start <= start <= cache.end:
             self.blocks.give_back(cache)
-            cache.start = start
-        cache.end, cache.base, cache.drafts = start, seq.num_tokens, ()
+            cache.start = cache.end = start
+        if cache.end == cache.start and self.state is not None:
+            self.state.reset(seq.slot)
+        cache.base, cache.drafts = seq.num_tokens, ()
+        first = cache.end
         num_drafts = max(room(seq), 0) if end == seq.num_tokens - 1 else 0
         # Each draft after the first caches one more position.
-        if not self.blocks.grow(cache, end + max(num_drafts - 1, 0) - cache.start):
+        if first >= end or not self.blocks.grow(cache, end + max(num_drafts - 1, 0) - cache.start):
             return None
         cache.end = end
-        tokens = seq.token_ids[start + 1 : end + 1]
         return _Row(
             cache=cache,
-            first=start,
-            tokens=tokens,
-            hidden=hidden[: end - start],
+            slot=seq.slot,
+            first=first,
+            tokens=seq.token_ids[first + 1 : end + 1],
+            hidden=hidden[first - start : end - start],
             num_drafts=num_drafts,
         )
+
+    def _save_filling_pools(
+        self, rows: list[_Row]
+    ) -> list[tuple[int, slice, torch.Tensor, torch.Tensor]]:
+        """Each row's drafter indexer rows of the pool its first draft step folds into."""
+        if self.state is None:
+            return []
+        keys, flags = self.state.indexer
+        saved = []
+        for row in rows:
+            position = row.first + len(row.tokens) - row.cache.start
+            pool = position - position % self.kpool
+            rows_of_pool = slice(pool, min(pool + self.kpool, keys.shape[1]))
+            saved.append(
+                (row.slot, rows_of_pool, keys[row.slot, rows_of_pool].clone(),
+                 flags[row.slot, rows_of_pool].clone())
+            )  # fmt: skip
+        return saved
+
+    def _restore_filling_pools(
+        self, saved: list[tuple[int, slice, torch.Tensor, torch.Tensor]]
+    ) -> None:
+        if self.state is None:
+            return
+        keys, flags = self.state.indexer
+        for slot, rows_of_pool, saved_keys, saved_flags in saved:
+            keys[slot, rows_of_pool] = saved_keys
+            flags[slot, rows_of_pool] = saved_flags
 
     def _forward(self, rows: list[_Row], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
         """The layer over each row's ``tokens`` from position ``row.first``, after ``hidden``
         (a row each): its output ``h'`` at each row's last token."""
         lengths = [len(row.tokens) for row in rows]
+        # NOTE: a DSA drafter's positions count from its cache's start: they align the
+        # indexer's pools, and its selections index the cache (GLM-5.3 has no rotary).
+        offsets = [row.cache.start if self.state is not None else 0 for row in rows]
         metadata = build_attention_metadata(
             block_tables=[row.cache.blocks for row in rows],
             seq_lens=[
@@ -220,19 +278,21 @@ class MtpProposer:
             ],
             query_lens=lengths,
             block_size=self.blocks.block_size,
+            state_slots=[row.slot for row in rows] if self.state is not None else None,
             device=self.device,
         )
         input_ids = torch.tensor([t for row in rows for t in row.tokens], device=self.device)
         positions = torch.tensor(
             [
-                p
-                for row, n in zip(rows, lengths, strict=True)
+                p - offset
+                for row, n, offset in zip(rows, lengths, offsets, strict=True)
                 for p in range(row.first, row.first + n)
             ],
             device=self.device,
         )
+        state = self.state.indexer if self.state is not None else ()
         out = self.model.forward_mtp(
-            input_ids, torch.cat(hidden), positions, self.kv_caches[0], metadata
+            input_ids, torch.cat(hidden), positions, self.kv_caches[0], metadata, state
         )
         ends = torch.tensor(lengths, device=self.device).cumsum(0) - 1
         return list(out[ends].unbind(0))

@@ -3,8 +3,9 @@
 Checkpoints name the text stack ``model.language_model.`` (a multimodal save), ``model.`` (a
 flat text-only save) or nothing (a ``Glm5NextTextModel`` save); all map to ``model.``. The
 vision tower (``model.visual.``) loads into ``model.visual.`` when the config declares one (its
-gate/up pairs fused as the text stack's), else is skipped; the MTP layer
-(``layers.<num_hidden_layers>``, ``shared_head``) is skipped.
+gate/up pairs fused as the text stack's), else is skipped; MTP layer ``k``
+(``layers.<num_hidden_layers + k>``) loads into ``model.mtp_layers.k`` (its copies of the
+embedding and LM head skipped) for ``k`` below the config's MTP layer count, else is skipped.
 Per-expert projections stack into the experts' tensors, ``q/k/v_conv1d`` into one depthwise
 convolution, ``gate/up_proj`` into ``gate_up_proj``; routers, score-correction biases, the
 hyper-connections' ``base``/``scale`` and KDA's convolution, ``dt_bias`` and ``A_log`` stay
@@ -37,13 +38,14 @@ _KEEP_FLOAT32 = re.compile(
     r"(?:mlp\.gate\.(?:weight|e_score_correction_bias)|(?:attn|ffn)_hc\.(?:base|scale)"
     r"|self_attn\.conv1d|self_attn\.forget_gate\.(?:dt_bias|A_log))"
 )
-_MTP_HEAD = re.compile(r"layers\.\d+\.shared_head\.")
+_MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
 
 
 def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
     assert config.moe is not None
     assert config.linear_attention is not None
     num_layers = config.num_hidden_layers
+    num_mtp = config.mtp.num_layers if config.mtp is not None else 0
     expert_rows = config.moe.moe_intermediate_size
     conv_rows = config.linear_attention.num_heads * config.linear_attention.head_dim
 
@@ -56,15 +58,19 @@ def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
         if match is None:
             return TensorTarget(name) if name == "lm_head.weight" else None
         short = name[match.end() :]
-        if _MTP_HEAD.match(short):
-            return Skip("MTP head")
         layer = _LAYER.fullmatch(short)
         if layer is None:
             return TensorTarget(f"model.{short}")
         index, rest = int(layer["layer"]), layer["rest"]
-        if index >= num_layers:
-            return Skip(f"MTP layer {index} (the text model has {num_layers} layers)")
-        prefix = f"model.layers.{index}."
+        if index >= num_layers + num_mtp:
+            return Skip(f"MTP layer {index}: beyond the config's {num_mtp} MTP layer(s)")
+        if index >= num_layers and rest in _MTP_COPIES:
+            return Skip(f"MTP layer {index}: a copy of the target's embedding or LM head")
+        prefix = (
+            f"model.layers.{index}."
+            if index < num_layers
+            else f"model.mtp_layers.{index - num_layers}."
+        )
         return _layer_target(prefix, rest, shape, expert_rows, conv_rows)
 
     return target

@@ -19,77 +19,15 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend, TorchBackend
 from metrale_model_arch.families.base import CausalLM, LayerCache, LayerState
-from metrale_model_arch.families.glm5_next.dsa_attention import DsaAttention, Selections
-from metrale_model_arch.families.glm5_next.hyper_connections import HyperConnection
-from metrale_model_arch.families.glm5_next.kda_attention import KdaAttention
-from metrale_model_arch.families.glm5_next.mlp import ClampedSwiGluMlp, GlmMoeBlock
+from metrale_model_arch.families.glm5_next.decoder_layer import Glm5NextDecoderLayer
+from metrale_model_arch.families.glm5_next.dsa_attention import Selections
+from metrale_model_arch.families.glm5_next.mtp import Glm5NextMtpLayer
 from metrale_model_arch.families.glm5_next.vision.tower import Glm5NextVisionModel
 from metrale_model_arch.families.llama import RMSNorm
 from metrale_model_arch.families.row_invariant_layers import head_logits
-from metrale_model_arch.glm5_next_skeleton import (
-    Ffn,
-    Glm5NextTextSkeleton,
-    Mixer,
-    SkeletonLayer,
-)
+from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
-
-
-class Glm5NextDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: SkeletonLayer, backend: KernelBackend) -> None:
-        super().__init__()
-        assert config.mhc is not None
-        assert config.mla is not None
-        assert config.dsa is not None
-        hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.attn_hc = HyperConnection(hidden, config.mhc, eps)
-        self.ffn_hc = HyperConnection(hidden, config.mhc, eps)
-        self.input_layernorm = RMSNorm(hidden, eps, backend)
-        self.post_attention_layernorm = RMSNorm(hidden, eps, backend)
-        self.self_attn: DsaAttention | KdaAttention
-        if layer.mixer is Mixer.DSA:
-            self.self_attn = DsaAttention(
-                hidden,
-                config.num_attention_heads,
-                config.mla,
-                config.dsa,
-                layer.has_own_indexer,
-                eps,
-                backend,
-            )
-        else:
-            assert config.linear_attention is not None
-            self.self_attn = KdaAttention(hidden, config.linear_attention, eps, backend)
-        self.mlp: GlmMoeBlock | ClampedSwiGluMlp
-        if layer.ffn is Ffn.MOE:
-            assert config.moe is not None
-            self.mlp = GlmMoeBlock(config, config.moe, backend)
-        else:
-            self.mlp = ClampedSwiGluMlp(hidden, config.intermediate_size, config.swiglu_limit)
-
-    def forward(
-        self,
-        streams: torch.Tensor,
-        positions: torch.Tensor,
-        cache: LayerCache,
-        state: LayerState,
-        metadata: AttentionMetadata,
-        shared: Selections | None,
-    ) -> tuple[torch.Tensor, Selections | None]:
-        """``streams (tokens, N, hidden)`` -> new streams, and the DSA selections a shared
-        layer right after this one reuses (``None`` after a KDA layer)."""
-        layer_input, post, comb = self.attn_hc.read(streams)
-        x = self.input_layernorm(layer_input)
-        selections: Selections | None = None
-        if isinstance(self.self_attn, DsaAttention):
-            mixed, selections = self.self_attn(x, positions, cache, state, metadata, shared)
-        else:
-            mixed = self.self_attn(x, state, metadata)
-        streams = HyperConnection.write(streams, mixed, post, comb)
-        layer_input, post, comb = self.ffn_hc.read(streams)
-        out = self.mlp(self.post_attention_layernorm(layer_input))
-        return HyperConnection.write(streams, out, post, comb), selections
 
 
 class Glm5NextModel(nn.Module):
@@ -104,12 +42,16 @@ class Glm5NextModel(nn.Module):
         self.visual = (
             Glm5NextVisionModel(config.vision, backend) if config.vision is not None else None
         )
+        num_mtp = config.mtp.num_layers if config.mtp is not None else 0
+        self.mtp_layers = nn.ModuleList(
+            Glm5NextMtpLayer(config, k, backend) for k in range(num_mtp)
+        )
 
 
 class Glm5NextForCausalLM(CausalLM):
     """Model types ``glm5_next`` and ``glm5_next_text`` (see :class:`CausalLM`); a checkpoint's
     vision tower is ``model.visual`` (run by :mod:`.vision.placement`, which gives ``forward``
-    its ``inputs_embeds``), its MTP layer is not part of it."""
+    its ``inputs_embeds``), its MTP layers ``model.mtp_layers`` (:mod:`.mtp`)."""
 
     def __init__(
         self,
@@ -156,6 +98,33 @@ class Glm5NextForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return head_logits(self.lm_head, hidden, out)
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return len(self.model.mtp_layers)
+
+    def forward_mtp(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+        state: LayerState = (),
+    ) -> torch.Tensor:
+        embeds = self.model.embed_tokens(input_ids)
+        return self._mtp_layer.forward_mtp(
+            embeds, previous_hidden, positions, kv_cache, state, metadata
+        )
+
+    def compute_mtp_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return head_logits(self.lm_head, self._mtp_layer.shared_head.norm(hidden), out)
+
+    @property
+    def _mtp_layer(self) -> Glm5NextMtpLayer:
+        return cast("Glm5NextMtpLayer", self.model.mtp_layers[0])
 
 
 def check_glm5_next_config(config: ModelConfig) -> None:
