@@ -307,7 +307,7 @@ def test_cycle_checker_resolves_relative_imports_and_skips_deferred_ones(tmp_pat
 # metrale-server's subpackages, lowest first: each may import only those before it.
 SERVER_LAYERS = (
     ("arg_choices",),
-    ("args", "devices", "speculative_config"),
+    ("args", "devices", "speculative_config", "image_limits"),
     ("structured", "parsers", "pooling"),
     ("sampling",),
     ("speculative",),

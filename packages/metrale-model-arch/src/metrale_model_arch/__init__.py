@@ -6,6 +6,11 @@ from metrale_model_arch.build import build_model
 from metrale_model_arch.cache_spec import LayerCacheSpec
 from metrale_model_arch.chat_template import ChatTemplate, ChatTemplateError
 from metrale_model_arch.families import CausalLM, KvCache, LayerCache, LlamaForCausalLM
+from metrale_model_arch.image_encoder import (
+    image_encoder_for,
+    planned_tokens_per_image,
+    serves_images,
+)
 from metrale_model_arch.kv_cache import (
     KvCachePool,
     StateSlots,
@@ -26,6 +31,8 @@ from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model, read_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelNotFoundError, ModelSource, resolve_model
+from metrale_model_arch.prepared_image import ImageEncoder, PreparedImage
+from metrale_model_arch.prompt_positions import PromptPositions
 from metrale_model_arch.registry import (
     ARCHITECTURES,
     SUPPORTED_MODEL_TYPES,
@@ -48,6 +55,7 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "CheckpointError",
+    "ImageEncoder",
     "KvCache",
     "KvCacheDtype",
     "KvCachePool",
@@ -58,6 +66,8 @@ __all__ = [
     "LoadedModel",
     "ModelNotFoundError",
     "ModelSource",
+    "PreparedImage",
+    "PromptPositions",
     "Quantization",
     "StateSlots",
     "TensorAllocator",
@@ -71,14 +81,17 @@ __all__ = [
     "cache_specs",
     "family_for",
     "headless_config",
+    "image_encoder_for",
     "kv_cache_bytes_per_token",
     "load_gguf_model",
     "load_model",
     "load_safetensors_model",
     "plain_allocator",
     "planned_architecture",
+    "planned_tokens_per_image",
     "read_gguf_weights",
     "read_model_config",
     "resolve_model",
+    "serves_images",
     "text_only_config",
 ]

@@ -22,6 +22,10 @@ BUFFER_ARENA = "buffer_arena"
 PER_SEQUENCE_STATE = "per_sequence_state"
 LINEAR_STATE_POOL = "linear_state_pool"
 RUNTIME_HEADROOM = "runtime_headroom"
+# Images: the encoder's output cache (allocated once) and one encoder batch's activations
+# (transient, as the runtime headroom).
+ENCODER_CACHE = "encoder_cache"
+ENCODER_ACTIVATIONS = "encoder_activations"
 # A speculative draft model: its weights and RoPE table, and its own KV pool.
 DRAFT_MODEL = "draft_model"
 DRAFT_KV_POOL = "draft_kv_pool"

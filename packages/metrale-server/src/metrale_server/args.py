@@ -14,6 +14,7 @@ from metrale_server.arg_choices import (
 from metrale_server.speculative_config import SpeculativeConfig
 
 CPU_KV_CACHE_DEFAULT_GIB = 4.0
+DEFAULT_IMAGES_PER_PROMPT = 8
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -48,6 +49,10 @@ class EngineArgs:
     ``task``: ``generate`` (completions, chat), ``embed`` (``/v1/embeddings``), ``score``
     (``/v1/score``, ``/v1/rerank``: a causal-LM reranker's yes/no logits) or ``auto`` (an
     embedding model by its sentence-transformers files, else ``generate``).
+    ``images_per_prompt``: the most images one request may carry, for a model with a vision
+    tower the engine serves (vLLM's ``--limit-mm-per-prompt '{"image": N}'``); 0 serves text
+    only and leaves the tower unloaded. ``encoder_cache_tokens``: image tokens of encoder
+    output kept for reuse (``None``: the larger of ``max_batch_tokens`` and one image's most).
     """
 
     model: str | None = None
@@ -71,6 +76,8 @@ class EngineArgs:
     speculative_config: SpeculativeConfig | None = None
     tensor_parallel_size: int = 1
     task: str = "auto"
+    images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT
+    encoder_cache_tokens: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.task not in TASK_CHOICES:
@@ -94,7 +101,15 @@ class EngineArgs:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        for name in ("block_size", "max_seq_len", "num_kv_blocks", "max_batch_size"):
+        if self.images_per_prompt < 0:
+            raise ValueError(f"images_per_prompt must be >= 0, got {self.images_per_prompt}")
+        for name in (
+            "block_size",
+            "max_seq_len",
+            "num_kv_blocks",
+            "max_batch_size",
+            "encoder_cache_tokens",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

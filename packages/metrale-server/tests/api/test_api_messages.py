@@ -297,6 +297,10 @@ def anthropic_error(response: Any, status: int, error_type: str) -> str:
         ({"messages": []}, "messages"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages[0].content[0].source.type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "document"}]}]},
             "messages[0].content[0].type",
         ),
         ({"messages": [*MESSAGES, {"role": "assistant", "content": "Re"}]}, "messages[3].role"),

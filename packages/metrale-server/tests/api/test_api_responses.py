@@ -337,6 +337,10 @@ def test_the_store_is_bounded(server: RunningServer, client: Any) -> None:
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].image_url",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
             "input[0].content[0].type",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),

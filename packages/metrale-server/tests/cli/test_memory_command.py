@@ -29,10 +29,15 @@ NUM_DSA_LAYERS = 11
 MLA_KV_BYTES_PER_TOKEN = NUM_DSA_LAYERS * 512 * 2
 PAGED_INDEXER_BYTES_PER_TOKEN = NUM_DSA_LAYERS * 4 * 128
 WEIGHT_OWNERS = {"weights.embeddings", "weights.layers", "weights.final_norm", "weights.lm_head"}
-# transformers' default GLM-5.3 carries its vision tower (460,072,448 parameters); the engine
-# takes no images yet, so met serve, and met memory's plan of it, leave the tower out.
-GLM_WEIGHT_OWNERS = WEIGHT_OWNERS
+# transformers' default GLM-5.3 carries its vision tower (460,072,448 parameters): met serve,
+# and met memory's plan of it, take images by default, and so plan the tower, the encoder's
+# output cache and its batch activations.
+VISION_PARAMS = 460_072_448
+GLM_WEIGHT_OWNERS = WEIGHT_OWNERS | {"weights.vision"}
+TEXT_ONLY = ["--limit-mm-per-prompt", '{"image": 0}']
 PLAN_OWNERS = GLM_WEIGHT_OWNERS | {
+    "encoder_cache",
+    "encoder_activations",
     "rope_table",
     "kv_pool",
     "per_sequence_state",
@@ -120,12 +125,21 @@ def test_the_700b_config_fits_1200_gib_with_the_paged_indexer(
     assert by_owner[PER_SEQUENCE_STATE] == 0
     assert by_owner["linear_state_pool"] > 0  # 34 linear-attention layers
     assert by_owner["weights.lm_head"] == by_owner["weights.embeddings"]  # untied
-    assert "weights.vision" not in by_owner
+    assert by_owner["weights.vision"] == 2 * VISION_PARAMS
     assert by_owner[KV_POOL] == plan["kv_blocks"] * plan["kv_block_bytes"]
     assert plan["kv_blocks"] == 8 * (max_seq_len // 16)
     assert plan["admitted_sequences"] == 8
     assert sum(by_owner.values()) == plan["used_bytes"] <= plan["budget_bytes"]
     assert plan["budget_bytes"] == int(1200 * GIB * 0.9)
+
+
+def test_text_only_plans_no_tower_and_no_encoder(runner: CliRunner, glm_config_json: Path) -> None:
+    args = (str(glm_config_json), *GLM_FITS, "--max-seq-len", "16384")
+    images = memory_json(runner, *args, env={FLAT_LEVER: None})["by_owner"]
+    text = memory_json(runner, *args, *TEXT_ONLY, env={FLAT_LEVER: None})["by_owner"]
+    assert set(images) - set(text) == {"weights.vision", "encoder_cache", "encoder_activations"}
+    # One image of the processor's default 8,000 tokens, at the text stack's 4,096 in bf16.
+    assert images["encoder_cache"] == 8000 * 4096 * 2
 
 
 @pytest.mark.parametrize("max_seq_len", [16384, 131072])

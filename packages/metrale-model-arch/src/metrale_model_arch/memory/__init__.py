@@ -20,6 +20,13 @@ from metrale_model_arch.memory.dsa_state import (
     indexer_state_bytes,
     paged_indexer_bytes_per_token,
 )
+from metrale_model_arch.memory.encoder import (
+    ENCODER_CACHE_PAGE_TOKENS,
+    EncoderInputs,
+    encoder_activation_bytes,
+    encoder_cache_bytes,
+    encoder_cache_pages,
+)
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes, step_activation_bytes
 from metrale_model_arch.memory.kv_price import kv_bytes_per_block, kv_bytes_per_token
 from metrale_model_arch.memory.linear_state import (
@@ -30,6 +37,8 @@ from metrale_model_arch.memory.plan import (
     BUFFER_ARENA,
     DRAFT_KV_POOL,
     DRAFT_MODEL,
+    ENCODER_ACTIVATIONS,
+    ENCODER_CACHE,
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
@@ -63,6 +72,9 @@ __all__ = [
     "BUFFER_ARENA",
     "DRAFT_KV_POOL",
     "DRAFT_MODEL",
+    "ENCODER_ACTIVATIONS",
+    "ENCODER_CACHE",
+    "ENCODER_CACHE_PAGE_TOKENS",
     "GLM5_NEXT_MODEL_TYPES",
     "KV_POOL",
     "LINEAR_STATE_POOL",
@@ -74,6 +86,7 @@ __all__ = [
     "WEIGHT_OWNERS",
     "ArenaBuffer",
     "DraftInputs",
+    "EncoderInputs",
     "Ffn",
     "Glm5NextTextSkeleton",
     "MemoryPlan",
@@ -91,6 +104,9 @@ __all__ = [
     "draft_model_bytes",
     "drafts_with_dsa",
     "dsa_capacity",
+    "encoder_activation_bytes",
+    "encoder_cache_bytes",
+    "encoder_cache_pages",
     "indexer_state_bytes",
     "kv_bytes_per_block",
     "kv_bytes_per_token",

@@ -25,6 +25,11 @@ from metrale_model_arch.memory.draft import (
     draft_state_bytes,
     mtp_kv_bytes_per_token,
 )
+from metrale_model_arch.memory.encoder import (
+    EncoderInputs,
+    encoder_activation_bytes,
+    encoder_cache_bytes,
+)
 from metrale_model_arch.memory.headroom import runtime_headroom_bytes
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
@@ -36,6 +41,8 @@ from metrale_model_arch.owners import (
     BUFFER_ARENA,
     DRAFT_KV_POOL,
     DRAFT_MODEL,
+    ENCODER_ACTIVATIONS,
+    ENCODER_CACHE,
     KV_POOL,
     LINEAR_STATE_POOL,
     PER_SEQUENCE_STATE,
@@ -50,6 +57,8 @@ __all__ = [
     "BUFFER_ARENA",
     "DRAFT_KV_POOL",
     "DRAFT_MODEL",
+    "ENCODER_ACTIVATIONS",
+    "ENCODER_CACHE",
     "KV_POOL",
     "LINEAR_STATE_POOL",
     "PER_SEQUENCE_STATE",
@@ -62,6 +71,7 @@ __all__ = [
 ]
 
 MAX_AUTO_BATCH_SIZE = 128
+TRANSIENT_OWNERS = (RUNTIME_HEADROOM, ENCODER_ACTIVATIONS)
 GIB = 2**30
 
 
@@ -100,6 +110,8 @@ class PlanInputs:
     # Speculation by the model's own first MTP layer (its weights are the target's): its K/V
     # in the draft pool, one draft block for each of the target's blocks.
     mtp: bool = False
+    # Images served through the model's vision tower: its output cache and batch activations.
+    encoder: EncoderInputs | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -127,6 +139,8 @@ class MemoryPlan:
     runtime_headroom_bytes: int
     draft_model_bytes: int = 0
     draft_kv_bytes_per_token: int = 0
+    encoder_cache_bytes: int = 0
+    encoder_activation_bytes: int = 0
     # Speculation over per-sequence state: each slot's checkpoint (``spec_state_snapshot``).
     spec_snapshot_bytes: int = 0
 
@@ -191,13 +205,14 @@ class MemoryPlan:
     def allocated_by_owner(self) -> dict[str, int]:
         """The owners the allocation ledger must show, with the bytes it must show for each.
 
-        Runtime headroom is transient (activations), never a standing allocation; the
-        per-sequence and linear-state terms are planned for the families that own such state.
+        Runtime headroom and the encoder's activations are transient, never a standing
+        allocation; the per-sequence and linear-state terms are planned for the families that
+        own such state.
         """
         return {
             owner: size
             for owner, size in self.by_owner().items()
-            if owner != RUNTIME_HEADROOM and size > 0
+            if owner not in TRANSIENT_OWNERS and size > 0
         }
 
 
@@ -215,6 +230,9 @@ def _reserve_terms(plan: MemoryPlan) -> dict[str, int]:
         terms[SPEC_STATE_SNAPSHOT] = plan.spec_snapshot_bytes
     if plan.inputs.draft is not None:
         terms[DRAFT_MODEL] = plan.draft_model_bytes
+    if plan.inputs.encoder is not None:
+        terms[ENCODER_CACHE] = plan.encoder_cache_bytes
+        terms[ENCODER_ACTIVATIONS] = plan.encoder_activation_bytes
     return terms
 
 
@@ -291,6 +309,14 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             )
             + draft_state_bytes(inputs.draft, max_batch_size),
             draft_kv_bytes_per_token=draft_kv_bytes_per_token(inputs.draft, inputs.dtype_bytes),
+        )
+    if inputs.encoder is not None:
+        plan = attrs.evolve(
+            plan,
+            encoder_cache_bytes=encoder_cache_bytes(config, inputs.encoder, inputs.dtype_bytes),
+            encoder_activation_bytes=encoder_activation_bytes(
+                config, inputs.encoder, inputs.dtype_bytes
+            ),
         )
     if inputs.mtp:
         per_draft_token = mtp_kv_bytes_per_token(config, inputs.dtype_bytes)

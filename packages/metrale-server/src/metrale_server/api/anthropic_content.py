@@ -1,14 +1,15 @@
 """Anthropic's ``system`` and ``messages`` → the chat messages the chat route renders.
 
-A ``user`` message's blocks become, in their order, user messages (runs of ``text`` blocks)
-and ``tool`` messages (each ``tool_result``, ``tool_call_id`` its ``tool_use_id``). An
-``assistant`` message becomes one assistant message: its ``text`` blocks the content, its
-``tool_use`` blocks ``tool_calls`` (``input`` as JSON arguments), its ``thinking`` blocks
-``reasoning_content``. ``cache_control`` is accepted on any block and changes nothing (the
-prefix cache needs no breakpoints); a ``tool_result``'s ``is_error`` is accepted, and the chat
-template has no place for it. Images, documents, citations, ``redacted_thinking`` and server
-tool blocks are 400s naming the block, as is a last message from the assistant (a prefill: the
-chat template cannot leave the assistant's turn open).
+A ``user`` message's blocks become, in their order, user messages (runs of ``text`` and
+``image`` blocks, an image as the chat route's ``image_url`` part) and ``tool`` messages (each
+``tool_result``, ``tool_call_id`` its ``tool_use_id``). An ``assistant`` message becomes one
+assistant message: its ``text`` blocks the content, its ``tool_use`` blocks ``tool_calls``
+(``input`` as JSON arguments), its ``thinking`` blocks ``reasoning_content``. ``cache_control``
+is accepted on any block and changes nothing (the prefix cache needs no breakpoints); a
+``tool_result``'s ``is_error`` is accepted, and the chat template has no place for it.
+Documents, citations, ``redacted_thinking`` and server tool blocks are 400s naming the block,
+as is a last message from the assistant (a prefill: the chat template cannot leave the
+assistant's turn open).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from typing import Any
 from metrale_server.api.fields import Fields, describe
 
 ROLES = ("user", "assistant")
-BLOCK_TYPES = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use", "thinking")}
+BLOCK_TYPES = {
+    "user": ("text", "image", "tool_result"),
+    "assistant": ("text", "tool_use", "thinking"),
+}
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
 def read_system(fields: Fields) -> dict[str, Any] | None:
@@ -116,12 +121,39 @@ def _user_messages(
         if kind == "tool_result":
             messages.append(_tool_message(block, tool_use_ids))
             continue
-        part = _read_text(block, "text")
+        part = _read_image(block) if kind == "image" else _read_text(block, "text")
         if messages and messages[-1]["role"] == "user":
             messages[-1]["content"].append(part)
         else:
             messages.append({"role": "user", "content": [part]})
     return messages
+
+
+def _read_image(block: Fields) -> dict[str, Any]:
+    """An ``image`` block (``source`` base64 or url) as the chat route's ``image_url`` part,
+    which reads, limits and prepares it."""
+    block.read_optional_str("type")
+    source = block.read_object("source")
+    kind = source.read_optional_str("type")
+    if kind == "base64":
+        media_type = source.read_optional_str("media_type")
+        if media_type not in IMAGE_MEDIA_TYPES:
+            source.fail("media_type", f"must be one of {', '.join(IMAGE_MEDIA_TYPES)}")
+        data = source.read_optional_str("data")
+        if data is None:
+            source.fail("data", "is required")
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url":
+        read = source.read_optional_str("url")
+        if read is None:
+            source.fail("url", "is required")
+        url = read
+    else:
+        source.fail("type", f'must be "base64" or "url", got {kind!r}')
+    source.refuse_unread()
+    block.read_object("cache_control")
+    block.refuse_unread()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _tool_message(block: Fields, tool_use_ids: set[str]) -> dict[str, Any]:

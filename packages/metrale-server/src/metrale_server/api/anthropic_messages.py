@@ -42,6 +42,7 @@ async def create_message(request: Request, *, state: ServerState) -> Response:
             state.served_model_name,
             tool_call_parser=state.tool_call_parser,
             reasoning_parser=state.reasoning_parser,
+            image_limits=state.image_limits,
         )
     )
     grammar = await compile_structured(
@@ -67,7 +68,12 @@ async def create_message(request: Request, *, state: ServerState) -> Response:
 async def count_tokens(request: Request, *, state: ServerState) -> Response:
     raw = await request.body()
     count = await state.preparer.run(
-        lambda: count_message_tokens(parse_json_object(raw), state.engine, state.served_model_name)
+        lambda: count_message_tokens(
+            parse_json_object(raw),
+            state.engine,
+            state.served_model_name,
+            image_limits=state.image_limits,
+        )
     )
     return JSONResponse({"input_tokens": count})
 

@@ -27,15 +27,16 @@ import attrs
 from metrale_server.api.anthropic_content import read_messages, read_system
 from metrale_server.api.fields import Fields, describe
 from metrale_server.api.protocol import (
+    DEFAULT_IMAGE_LIMITS,
     ChatRequest,
     check_model,
-    check_prompt_text,
     parse_chat_request,
-    render_chat_prompt,
+    read_chat_prompt,
 )
 from metrale_server.api.sampling import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from metrale_server.api.tool_fields import read_tool_request
 from metrale_server.engine.client import EngineClient
+from metrale_server.image_limits import ImageLimits
 
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
@@ -62,6 +63,7 @@ def parse_messages_request(
     *,
     tool_call_parser: str | None,
     reasoning_parser: str | None,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
 ) -> ChatRequest:
     """``POST /v1/messages``; the server's parsers decide what ``auto`` tools and thinking
     may be asked for."""
@@ -96,10 +98,22 @@ def parse_messages_request(
             "needs the server started with --reasoning-parser, which reads the model's "
             "reasoning into thinking blocks",
         )
-    return parse_chat_request(chat, engine, served_model_name, tool_call_parser=tool_call_parser)
+    return parse_chat_request(
+        chat,
+        engine,
+        served_model_name,
+        tool_call_parser=tool_call_parser,
+        image_limits=image_limits,
+    )
 
 
-def count_message_tokens(body: dict[str, Any], engine: EngineClient, served_model_name: str) -> int:
+def count_message_tokens(
+    body: dict[str, Any],
+    engine: EngineClient,
+    served_model_name: str,
+    *,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+) -> int:
     """``POST /v1/messages/count_tokens``: the prompt tokens ``/v1/messages`` would report as
     ``usage.input_tokens`` for the same conversation."""
     fields = Fields(body)
@@ -108,9 +122,10 @@ def count_message_tokens(body: dict[str, Any], engine: EngineClient, served_mode
     chat = Fields(conversation.body)
     check_model(chat, served_model_name)
     tools = read_tool_request(chat, has_parser=True)  # how calls are read does not matter
-    text = render_chat_prompt(engine, chat, tools=tools.template_tools)
-    check_prompt_text(chat, "messages", text, engine, contexts=COUNT_CONTEXTS)
-    return len(engine.tokenizer.encode(text, add_special_tokens=False))
+    prompt = read_chat_prompt(
+        engine, chat, tools=tools.template_tools, limits=image_limits, contexts=COUNT_CONTEXTS
+    )
+    return len(prompt.token_ids)
 
 
 def _read_conversation(fields: Fields, *, max_tokens: object) -> Conversation:

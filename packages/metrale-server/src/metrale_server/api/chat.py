@@ -42,6 +42,7 @@ async def create_chat_completion(request: Request, *, state: ServerState) -> Res
             state.engine,
             state.served_model_name,
             tool_call_parser=state.tool_call_parser,
+            image_limits=state.image_limits,
         )
     )
     grammar = await compile_structured(

@@ -15,22 +15,26 @@ from typing import Any
 
 from metrale_server.api.errors import bad_request
 from metrale_server.api.fields import Fields, describe
+from metrale_server.api.image_parts import ImageSource, read_image_url_part
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def read_messages(fields: Fields) -> list[dict[str, Any]]:
+def read_messages(fields: Fields, images: list[ImageSource] | None = None) -> list[dict[str, Any]]:
+    """The messages; each ``image_url`` part reaches the template as ``{"type": "image"}``
+    and its source is appended to ``images`` (``None``: the model takes no images, and an
+    image part is a 400)."""
     value = fields.read_nonempty_list("messages")
     messages = []
     for index, message in enumerate(value):
         param = f"messages[{index}]"
         if not isinstance(message, dict):
             raise bad_request(f"{param}: expected an object, got {describe(message)}", param=param)
-        messages.append(_read_message(Fields(message, f"{param}.")))
+        messages.append(_read_message(Fields(message, f"{param}."), images))
     return messages
 
 
-def _read_message(item: Fields) -> dict[str, Any]:
+def _read_message(item: Fields, images: list[ImageSource] | None) -> dict[str, Any]:
     role = item.raw("role")
     if role not in CHAT_ROLES:
         item.fail("role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
@@ -40,7 +44,7 @@ def _read_message(item: Fields) -> dict[str, Any]:
         content = ""
     parsed: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
-        "content": _read_content(item, content),
+        "content": _read_content(item, content, images if role == "user" else None),
     }
     name = item.read_optional_str("name")
     if name is not None:
@@ -91,7 +95,9 @@ def _template_arguments(arguments: str) -> Any:
     return decoded if isinstance(decoded, dict) else arguments
 
 
-def _read_content(item: Fields, content: object) -> str | list[dict[str, str]]:
+def _read_content(
+    item: Fields, content: object, images: list[ImageSource] | None
+) -> str | list[dict[str, str]]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -101,9 +107,22 @@ def _read_content(item: Fields, content: object) -> str | list[dict[str, str]]:
         param = f"content[{index}]"
         if not isinstance(part, dict):
             item.fail(param, f"expected an object, got {describe(part)}")
-        if part.get("type") != "text":
-            item.fail(f"{param}.type", f"only text parts are supported, got {part.get('type')!r}")
+        kind = part.get("type")
+        if kind == "image_url":
+            if images is None:
+                item.fail(f"{param}.type", _NO_IMAGES)
+            images.append(read_image_url_part(Fields(part, item.param(f"{param}."))))
+            parts.append({"type": "image"})
+            continue
+        if kind != "text":
+            item.fail(f"{param}.type", f'must be "text" or "image_url", got {kind!r}')
         if not isinstance(part.get("text"), str):
             item.fail(f"{param}.text", "expected a string")
         parts.append({"type": "text", "text": part["text"]})
     return parts
+
+
+_NO_IMAGES = (
+    "image parts are taken only in user messages, by a model with a vision tower the server "
+    "serves (and not started with --limit-mm-per-prompt image=0)"
+)

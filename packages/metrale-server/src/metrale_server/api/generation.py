@@ -46,7 +46,12 @@ class Generation:
         self._state = state
         try:
             self._stream = state.engine.add_request(
-                request_id, prompt.token_ids, prompt.params, prompt=prompt.text, grammar=grammar
+                request_id,
+                prompt.token_ids,
+                prompt.params,
+                prompt=prompt.text,
+                grammar=grammar,
+                images=prompt.images,
             )
         except RequestError as error:
             raise ApiError(400, str(error)) from error

@@ -114,6 +114,16 @@ class _EngineCollector(Collector):
             by_position.add_metric([*self._labels, str(position)], count)
         yield by_position
         yield self._counter(
+            "metrale_mm_images_encoded",
+            "Images run through the vision tower.",
+            stats.num_images_encoded,
+        )
+        yield self._counter(
+            "metrale_mm_image_cache_hits",
+            "Images whose encoder output the cache held (not encoded again).",
+            stats.num_image_cache_hits,
+        )
+        yield self._counter(
             "metrale_num_preemptions",
             "Sequences preempted for lack of KV blocks.",
             stats.num_preemptions,

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from metrale_server.api.errors import ApiError, bad_request, closing_if_body
 from metrale_server.api.fields import Fields, is_int, parse_json_object
-from metrale_server.api.protocol import check_model, check_prompt_text, render_chat_prompt
+from metrale_server.api.protocol import check_model, check_prompt_text, read_chat_prompt
 from metrale_server.api.state import ServerState
 from metrale_server.api.tool_fields import read_tool_request
 
@@ -27,9 +27,15 @@ def _tokenize(raw: bytes, state: ServerState) -> tuple[Fields, list[int]]:
     if fields.has("messages"):
         # The tools only shape the prompt here: how calls would be read does not matter.
         tools = read_tool_request(fields, has_parser=True)
-        text = render_chat_prompt(state.engine, fields, tools=tools.template_tools)
-        param = "messages"
-        add_special_tokens = fields.read_bool("add_special_tokens", False)
+        chat = read_chat_prompt(
+            state.engine,
+            fields,
+            tools=tools.template_tools,
+            limits=state.image_limits,
+            contexts=TOKENIZE_CONTEXTS,
+            add_special_tokens=fields.read_bool("add_special_tokens", False),
+        )
+        return fields, list(chat.token_ids)
     else:
         prompt = fields.read_optional_str("prompt")
         if prompt is None:

@@ -11,19 +11,23 @@ from typing import Any
 
 import attrs
 
-from metrale_model_arch import ChatTemplateError, Tokenizer
+from metrale_model_arch import ChatTemplateError, ImageEncoder, Tokenizer
 from metrale_server.api.chat_messages import read_messages
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
+from metrale_server.api.image_parts import ImageSource, prepare_images
 from metrale_server.api.inert_fields import accept_inert_fields
 from metrale_server.api.sampling import parse_sampling, read_logprobs_count
 from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
 from metrale_server.api.tool_fields import ToolRequest, read_tool_request
 from metrale_server.engine.client import EngineClient
+from metrale_server.engine.prompt_image import PromptImage, locate_images, place_images
+from metrale_server.image_limits import ImageLimits
 from metrale_server.parsers import SPECIAL_TOKEN_FORMATS
 from metrale_server.sampling.params import SamplingParams
 
 MAX_PROMPTS = 64
+DEFAULT_IMAGE_LIMITS = ImageLimits()
 MAX_SEQUENCES_PER_REQUEST = 256  # prompts x n
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -35,6 +39,8 @@ class Prompt:
     text: str | None = attrs.field(repr=False)
     token_ids: tuple[int, ...] = attrs.field(repr=False)
     params: SamplingParams
+    # Where the prompt's images stand (its image tokens expanded in ``token_ids``).
+    images: tuple[PromptImage, ...] = attrs.field(default=(), repr=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -136,8 +142,10 @@ def parse_chat_request(
     served_model_name: str,
     *,
     tool_call_parser: str | None = None,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
 ) -> ChatRequest:
-    """``tool_call_parser`` is the server's ``--tool-call-parser`` (``None``: no auto tools)."""
+    """``tool_call_parser`` is the server's ``--tool-call-parser`` (``None``: no auto tools);
+    ``image_limits`` bound the images of the messages."""
     fields = Fields(body)
     check_model(fields, served_model_name)
     tools = read_tool_request(fields, has_parser=tool_call_parser is not None)
@@ -160,18 +168,17 @@ def parse_chat_request(
     )
     if stream.is_streamed and sampling.params.prompt_logprobs is not None:
         fields.fail("prompt_logprobs", "is only returned by a chat completion that is not streamed")
-    text = render_chat_prompt(engine, fields, tools=tools.template_tools)
+    chat = read_chat_prompt(engine, fields, tools=tools.template_tools, limits=image_limits)
     accept_inert_fields(fields)
     fields.refuse_unread()
-    check_prompt_text(fields, "messages", text, engine)
-    token_ids = tuple(engine.tokenizer.encode(text, add_special_tokens=False))
+    token_ids = chat.token_ids
     if not token_ids:
         fields.fail("messages", "the rendered conversation is empty")
     params = _constrained(sampling.fit(len(token_ids), engine, prompt_param="messages"), structured)
     is_reading_markers = tools.choice == "auto" and tool_call_parser in SPECIAL_TOKEN_FORMATS
     if is_reading_markers and not fields.has("skip_special_tokens"):
         params = attrs.evolve(params, skip_special_tokens=False)
-    prompt = Prompt(text=text, token_ids=token_ids, params=params)
+    prompt = Prompt(text=chat.text, token_ids=token_ids, params=params, images=chat.images)
     return ChatRequest(
         prompt=prompt,
         stream=stream,
@@ -204,11 +211,16 @@ def _constrained(params: SamplingParams, structured: StructuredRequest | None) -
 
 
 def render_chat_prompt(
-    engine: EngineClient, fields: Fields, *, tools: list[dict[str, Any]] | None = None
+    engine: EngineClient,
+    fields: Fields,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    images: list[ImageSource] | None = None,
 ) -> str:
     """The prompt text of the request's ``messages`` under the model's chat template, with
-    ``add_generation_prompt`` and ``chat_template_kwargs`` read from ``fields``."""
-    messages = read_messages(fields)
+    ``add_generation_prompt`` and ``chat_template_kwargs`` read from ``fields``. Each image
+    part's source is appended to ``images`` (``None``: image parts are refused)."""
+    messages = read_messages(fields, images)
     add_generation_prompt = fields.read_bool("add_generation_prompt", True)
     kwargs = fields.read_object("chat_template_kwargs")
     template = engine.chat_template
@@ -294,3 +306,63 @@ def _stream_options(fields: Fields) -> StreamOptions:
     include_usage = options.read_bool("include_usage", False)
     options.refuse_unread()
     return StreamOptions(is_streamed=is_streamed, include_usage=include_usage)
+
+
+@attrs.frozen(kw_only=True)
+class ChatPrompt:
+    """A rendered conversation: its text, its tokens (each image's tokens expanded) and
+    where its images stand."""
+
+    text: str = attrs.field(repr=False)
+    token_ids: tuple[int, ...] = attrs.field(repr=False)
+    images: tuple[PromptImage, ...] = attrs.field(default=(), repr=False)
+
+
+def read_chat_prompt(
+    engine: EngineClient,
+    fields: Fields,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+    contexts: int = 1,
+    add_special_tokens: bool = False,
+) -> ChatPrompt:
+    """The request's ``messages`` rendered, checked for length (``contexts`` x
+    ``max_seq_len``), tokenized, and its images read and prepared (400s name the part)."""
+    encoder = engine.image_encoder
+    sources: list[ImageSource] | None = [] if encoder is not None else None
+    text = render_chat_prompt(engine, fields, tools=tools, images=sources)
+    if sources and encoder is not None and encoder.text_expansion is not None:
+        text = _expand_images_in_text(text, encoder, len(sources))
+    check_prompt_text(fields, "messages", text, engine, contexts=contexts)
+    token_ids = tuple(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    if not sources or encoder is None:
+        return ChatPrompt(text=text, token_ids=token_ids)
+    max_images = engine.info.images_per_prompt
+    prepared = prepare_images(sources, encoder, limits, max_images=max_images)
+    try:
+        if encoder.text_expansion is not None:
+            placed = locate_images(token_ids, encoder.image_token_id, prepared)
+        else:
+            token_ids, placed = place_images(token_ids, encoder.image_token_id, prepared)
+    except ValueError as error:
+        raise bad_request(
+            f"{error}: the chat template must place one image token per image part",
+            param="messages",
+        ) from error
+    return ChatPrompt(text=text, token_ids=token_ids, images=placed)
+
+
+def _expand_images_in_text(text: str, encoder: ImageEncoder, num_images: int) -> str:
+    """What the model's processor makes of the template's image markers (Gemma 3's
+    ``<start_of_image>``): each replaced by the image's whole token text."""
+    marker, expansion = encoder.placeholder_text, encoder.text_expansion
+    assert marker is not None
+    assert expansion is not None
+    count = text.count(marker)
+    if count != num_images:
+        raise bad_request(
+            f"the chat template wrote {count} image marker(s) for {num_images} image(s)",
+            param="messages",
+        )
+    return text.replace(marker, expansion)

@@ -6,9 +6,10 @@ same prompt, sampling, tool grammar and parsers as ``/v1/chat/completions``.
 
 - ``input`` (a string: one user message; or items) and ``instructions`` (a system message
   first) → ``messages``. Items: messages (``user``, ``system``, ``developer``, ``assistant``;
-  a string or ``input_text`` / ``output_text`` parts), ``function_call`` (an assistant turn's
-  ``tool_calls``), ``function_call_output`` (a tool message) and ``reasoning`` (the assistant
-  turn's reasoning). Consecutive assistant items make one assistant turn.
+  a string or ``input_text`` / ``input_image`` / ``output_text`` parts), ``function_call`` (an
+  assistant turn's ``tool_calls``), ``function_call_output`` (a tool message) and
+  ``reasoning`` (the assistant turn's reasoning). Consecutive assistant items make one
+  assistant turn.
 - ``previous_response_id`` puts the stored response's conversation (its input items and output
   items) before ``input``; its ``instructions`` are not carried over, as OpenAI's are not.
 - ``tools`` (``function``: name, description, parameters, strict) and ``tool_choice``
@@ -28,9 +29,10 @@ import attrs
 
 from metrale_server.api.errors import ApiError
 from metrale_server.api.fields import Fields, describe
-from metrale_server.api.protocol import ChatRequest, parse_chat_request
+from metrale_server.api.protocol import DEFAULT_IMAGE_LIMITS, ChatRequest, parse_chat_request
 from metrale_server.api.responses_store import ResponseStore
 from metrale_server.engine.client import EngineClient
+from metrale_server.image_limits import ImageLimits
 
 ROLES = ("user", "system", "developer", "assistant")
 TOOL_CHOICES = ("auto", "none", "required")
@@ -63,6 +65,7 @@ def parse_responses_request(
     *,
     store: ResponseStore,
     tool_call_parser: str | None,
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
 ) -> ResponsesRequest:
     """``POST /v1/responses``; a refusal of the chat route names the Responses API's field."""
     fields = Fields(body)
@@ -118,7 +121,11 @@ def parse_responses_request(
         )
     try:
         parsed = parse_chat_request(
-            chat, engine, served_model_name, tool_call_parser=tool_call_parser
+            chat,
+            engine,
+            served_model_name,
+            tool_call_parser=tool_call_parser,
+            image_limits=image_limits,
         )
     except ApiError as error:
         raise renamed(error) from error
@@ -253,13 +260,13 @@ def _required_str(item: Fields, name: str) -> str:
     return value
 
 
-def _read_parts(item: Fields, role: str) -> list[dict[str, str]]:
+def _read_parts(item: Fields, role: str) -> list[dict[str, Any]]:
     content = item.raw("content")
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         item.fail("content", f"expected a string or an array of parts, got {describe(content)}")
-    allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    allowed = ("output_text", "refusal") if role == "assistant" else ("input_text", "input_image")
     parts = []
     for index, value in enumerate(content):
         if not isinstance(value, dict):
@@ -268,6 +275,9 @@ def _read_parts(item: Fields, role: str) -> list[dict[str, str]]:
         kind = part.read_optional_str("type")
         if kind not in allowed:
             part.fail("type", f"{role} messages may hold {', '.join(allowed)} parts, got {kind!r}")
+        if kind == "input_image":
+            parts.append(_image_part(part))
+            continue
         text = part.read_optional_str("refusal" if kind == "refusal" else "text")
         if text is None:
             part.fail("text", "is required")
@@ -277,6 +287,18 @@ def _read_parts(item: Fields, role: str) -> list[dict[str, str]]:
         part.refuse_unread()
         parts.append({"type": "text", "text": text})
     return parts
+
+
+def _image_part(part: Fields) -> dict[str, Any]:
+    """An ``input_image`` part (``image_url``: a data URL or an http(s) URL) as the chat
+    route's ``image_url`` part, which reads, limits and prepares it."""
+    url = part.read_optional_str("image_url")
+    if url is None:
+        part.fail("image_url", "is required (a data URL or an http(s) URL; file_id is not taken)")
+    detail = part.read_optional_str("detail")
+    part.refuse_unread()
+    image_url = {"url": url} if detail is None else {"url": url, "detail": detail}
+    return {"type": "image_url", "image_url": image_url}
 
 
 def _reasoning_texts(item: Fields) -> list[str]:

@@ -47,6 +47,7 @@ async def create_response(request: Request, *, state: ServerState) -> Response:
             state.served_model_name,
             store=state.response_store,
             tool_call_parser=state.tool_call_parser,
+            image_limits=state.image_limits,
         )
     )
     try:

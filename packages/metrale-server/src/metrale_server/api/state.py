@@ -12,6 +12,7 @@ from metrale_server.api.metrics import ServerMetrics
 from metrale_server.api.prepare import RequestPreparer
 from metrale_server.api.responses_store import ResponseStore
 from metrale_server.engine.client import EngineClient
+from metrale_server.image_limits import ImageLimits
 from metrale_server.pooling.model_task import ModelTask
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
@@ -67,6 +68,7 @@ class ServerState:
     allowed_origins: tuple[str, ...] = ()
     protect_observability: bool = False
     max_queued_requests: int | None = None
+    image_limits: ImageLimits = attrs.field(factory=ImageLimits)
     metrics: ServerMetrics = attrs.field(
         default=attrs.Factory(
             lambda self: ServerMetrics(self.engine, self.served_model_name), takes_self=True

@@ -39,17 +39,19 @@ from metrale_server.memory.preflight import (
     indexer_paged,
     plan_log_lines,
 )
-from metrale_server.pooling.model_task import serves_embeddings
+from metrale_server.pooling.model_task import engine_text_only, serves_embeddings
 
 GIB = 2**30
 
 
-def read_config(model: str | None) -> ModelConfig:
-    """The config ``met serve`` would run: without a vision tower (the engine takes no images
-    yet)."""
+def read_config(model: str | None, engine_args: EngineArgs) -> ModelConfig:
+    """The config ``met serve`` would run: with its vision tower only where the engine takes
+    images (:func:`~metrale_server.pooling.model_task.engine_text_only`)."""
     if model is not None and Path(model).is_file() and Path(model).suffix == ".json":
-        return text_only_config(model_config_from_hf_file(model))
-    return read_model_config(resolve_model(model), text_only=True)
+        config = model_config_from_hf_file(model)
+    else:
+        config = read_model_config(resolve_model(model))
+    return text_only_config(config) if engine_text_only(engine_args, config) else config
 
 
 def plan_device(spec: str, device_memory_gib: float | None) -> torch.device:
@@ -67,7 +69,7 @@ def run_memory(
     as_json: bool,
 ) -> int:
     """Print the plan (or why it does not fit); returns the exit status: 0 fits, 1 does not."""
-    config = read_config(model)
+    config = read_config(model, engine_args)
     if serves_embeddings(engine_args.task, model):
         config = headless_config(config)
     device = plan_device(engine_args.device, device_memory_gib)

@@ -7,6 +7,7 @@ argument instead of ten, from which ``engine_args`` builds the ``EngineArgs``.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -65,6 +66,8 @@ class PlanOptions:
     enforce_eager: bool
     kernel_backend: str
     task: str
+    limit_mm_per_prompt: int
+    encoder_cache_tokens: int | None
 
     def engine_args(self, model: str | None, **fields: Any) -> EngineArgs:
         return EngineArgs(
@@ -87,6 +90,8 @@ class PlanOptions:
                 "enforce_eager": self.enforce_eager,
                 "kernel_backend": self.kernel_backend,
                 "task": self.task,
+                "images_per_prompt": self.limit_mm_per_prompt,
+                "encoder_cache_tokens": self.encoder_cache_tokens,
                 **fields,
             },
         )
@@ -104,6 +109,31 @@ def _speculative_config(
         return SpeculativeConfig.from_json(value)
     except ValueError as error:
         raise click.BadParameter(str(error), ctx=ctx, param=param) from error
+
+
+def _limit_mm_per_prompt(ctx: click.Context, param: click.Parameter, value: str | None) -> int:
+    """vLLM's JSON ``{"image": N}`` (a bare N also reads as the image limit)."""
+    if value is None:
+        return _DEFAULTS.images_per_prompt
+    try:
+        limits = json.loads(value)
+    except ValueError as error:
+        raise click.BadParameter(f"not JSON: {error}", ctx=ctx, param=param) from error
+    if isinstance(limits, int) and not isinstance(limits, bool):
+        limits = {"image": limits}
+    if not isinstance(limits, dict) or set(limits) - {"image", "video", "audio"}:
+        raise click.BadParameter("expected JSON such as '{\"image\": 4}'", ctx=ctx, param=param)
+    for kind in ("video", "audio"):
+        if limits.get(kind, 0) != 0:
+            raise click.BadParameter(
+                f"{kind} inputs are not served (only images)", ctx=ctx, param=param
+            )
+    count = limits.get("image", _DEFAULTS.images_per_prompt)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise click.BadParameter(
+            f"image must be an integer >= 0, got {count!r}", ctx=ctx, param=param
+        )
+    return count
 
 
 def plan_options(command: F) -> F:
@@ -258,6 +288,23 @@ def plan_options(command: F) -> F:
             "experts); the plan is one rank's. `met serve` starts the other ranks on this host "
             "(gloo on the CPU, NCCL on CUDA), or, under torchrun, joins the ranks it started "
             "(default then: WORLD_SIZE).",
+        ),
+        click.option(
+            "--limit-mm-per-prompt",
+            default=None,
+            callback=_limit_mm_per_prompt,
+            help="Most images one request may carry, as vLLM spells it: '{\"image\": 4}'. "
+            f"Default: {_DEFAULTS.images_per_prompt} for a model with a vision tower the server "
+            "serves (GLM-5.3); '{\"image\": 0}' serves text only and leaves the tower "
+            "unloaded and unplanned.",
+        ),
+        click.option(
+            "--encoder-cache-tokens",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Image tokens of vision-tower output kept so a repeated image (a multi-turn "
+            "chat) is not encoded again; allocated at start and planned. Default: the larger "
+            "of the step's token budget and one image's most tokens.",
         ),
     ]
 

@@ -22,6 +22,12 @@ from metrale_server.cli.common import (
     revision_option,
 )
 from metrale_server.cli.plan_options import PlanOptions, plan_options
+from metrale_server.image_limits import (
+    DEFAULT_FETCH_TIMEOUT_S,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    ImageLimits,
+)
 from metrale_server.parsers import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 
 _ENGINE_DEFAULTS = EngineArgs()
@@ -109,6 +115,35 @@ _FILE = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
     default=None,
     help="Largest request body accepted, in bytes (413 past it). Default: "
     "METRALE_MAX_BODY_BYTES, else 8 MiB.",
+)
+@click.option(
+    "--max-image-bytes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_IMAGE_BYTES,
+    show_default=True,
+    help="Largest image accepted, in bytes (a 400 naming the part past it); an image sent "
+    "as base64 is also bounded by the body limit.",
+)
+@click.option(
+    "--max-image-pixels",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_IMAGE_PIXELS,
+    show_default=True,
+    help="Most pixels (width x height) of an image, checked before it is decoded.",
+)
+@click.option(
+    "--allow-image-urls",
+    is_flag=True,
+    default=False,
+    help="Fetch the http(s) URLs of image parts (within the fetch timeout and the image "
+    "byte limit); by default only data URLs are taken.",
+)
+@click.option(
+    "--image-fetch-timeout",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=DEFAULT_FETCH_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a fetch of an image URL may take in all.",
 )
 @click.option(
     "--max-queued-requests",
@@ -209,6 +244,10 @@ def serve(
     ssl_certfile: Path | None,
     ssl_keyfile: Path | None,
     max_body_bytes: int | None,
+    max_image_bytes: int,
+    max_image_pixels: int,
+    allow_image_urls: bool,
+    image_fetch_timeout: float,
     max_queued_requests: int | None,
     max_connections: int | None,
     request_timeout: float,
@@ -295,6 +334,12 @@ def serve(
         max_body_bytes=max_body_bytes or read_int_lever("METRALE_MAX_BODY_BYTES"),
         max_queued_requests=max_queued_requests,
         max_connections=max_connections,
+        image_limits=ImageLimits(
+            max_bytes=max_image_bytes,
+            max_pixels=max_image_pixels,
+            allow_urls=allow_image_urls,
+            fetch_timeout_s=image_fetch_timeout,
+        ),
         allowed_hosts=allowed_hosts,
         allowed_origins=allowed_origins,
         protect_observability=protect_observability,

@@ -8,6 +8,7 @@ import attrs
 
 from metrale_model_arch import ChatTemplate, ModelSource
 from metrale_server.args import EngineArgs
+from metrale_server.image_limits import ImageLimits
 
 ALL_INTERFACES = frozenset({"0.0.0.0", "::", "[::]", ""})
 
@@ -39,6 +40,7 @@ class ServeArgs:
     max_body_bytes: int = 8 * 2**20
     max_queued_requests: int | None = None
     max_connections: int | None = None
+    image_limits: ImageLimits = attrs.field(factory=ImageLimits)
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     protect_observability: bool = False

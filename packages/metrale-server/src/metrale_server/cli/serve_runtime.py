@@ -375,6 +375,7 @@ async def _serve(
             api_keys=args.api_keys,
             request_timeout_s=args.request_timeout_s,
             max_body_bytes=args.max_body_bytes,
+            image_limits=args.image_limits,
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
             allowed_hosts=allowed_hosts(args),

@@ -11,12 +11,13 @@ from typing import Any
 
 import attrs
 
-from metrale_model_arch import ChatTemplate, Tokenizer
+from metrale_model_arch import ChatTemplate, ImageEncoder, Tokenizer
 from metrale_server.engine.client import EngineInfo
 from metrale_server.engine.core import RequestError
 from metrale_server.engine.core_request import EngineCoreRequest
 from metrale_server.engine.engine import Engine
 from metrale_server.engine.layer_compiler import LayerCompiler
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.report import memory_report
 from metrale_server.output.core_output import EngineCoreOutput
@@ -93,6 +94,11 @@ class AsyncEngine:
     def chat_template(self) -> ChatTemplate:
         return self.core.loaded.chat_template
 
+    @property
+    def image_encoder(self) -> ImageEncoder | None:
+        step = self.core.runner.image_step
+        return None if step is None else step.encoder
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -138,13 +144,17 @@ class AsyncEngine:
         *,
         prompt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> AsyncIterator[RequestOutput]:
         """``grammar``: the request's constraint, compiled off the event loop by the caller;
         otherwise it is compiled (or found in the cache) here. The engine thread gets the
-        compiled grammar and never compiles."""
+        compiled grammar and never compiles. ``images``: prepared by the caller
+        (:attr:`image_encoder`), standing on the prompt's image tokens."""
         if not self.is_running:
             raise EngineDeadError("the engine thread is not running")
-        request = self.core.make_request(request_id, prompt_token_ids, params, grammar=grammar)
+        request = self.core.make_request(
+            request_id, prompt_token_ids, params, grammar=grammar, images=images
+        )
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
         with self._lock:
@@ -273,6 +283,7 @@ def engine_info(engine: Engine) -> EngineInfo:
         kv_block_bytes=core.plan.kv_block_bytes,
         budget_bytes=core.plan.budget_bytes,
         is_prefix_caching=core.prefix_caching,
+        images_per_prompt=0 if core.runner.image_step is None else core.args.images_per_prompt,
     )
 
 

@@ -7,7 +7,8 @@ import attrs
 
 @attrs.frozen(eq=False, repr=False)
 class BlockHash:
-    """Key of a full block: its token ids and the key of the block before it (``None`` first).
+    """Key of a full block: its token ids (then the digests of the images they reach:
+    :meth:`Sequence.block_key`) and the key of the block before it (``None`` first).
 
     Two keys are equal exactly when the whole token prefixes they end are equal, so a lookup
     never returns a block computed for other tokens. The hash is computed once; equality
@@ -16,7 +17,7 @@ class BlockHash:
     """
 
     parent: BlockHash | None
-    token_ids: tuple[int, ...]
+    token_ids: tuple[int | str, ...]
     _hash: int = attrs.field(init=False)
 
     @_hash.default

@@ -193,7 +193,7 @@ class BlockManager:
         for index in range(first_unkeyed_index, num_full_blocks):
             block_id = seq.block_table[index]
             start = index * self.block_size
-            block_hash = BlockHash(parent, tuple(seq.token_ids[start : start + self.block_size]))
+            block_hash = BlockHash(parent, seq.block_key(start, start + self.block_size))
             holder_block_id = self._cached_block_ids.setdefault(block_hash, block_id)
             if holder_block_id == block_id:
                 parent = block_hash
@@ -292,7 +292,7 @@ class BlockManager:
             if block_hash is None:
                 break
             start = index * self.block_size
-            expected = BlockHash(parent, tuple(seq.token_ids[start : start + self.block_size]))
+            expected = BlockHash(parent, seq.block_key(start, start + self.block_size))
             _require(block_hash == expected, f"{seq!r}: block {block_id} keyed for other tokens")
             _require(
                 start + self.block_size <= seq.num_computed_tokens + 1,
@@ -306,16 +306,18 @@ class BlockManager:
     def _find_cached_prefix(self, seq: Sequence) -> list[int]:
         if not self.enable_prefix_caching or seq.reads_whole_prompt:
             return []
-        token_ids = seq.token_ids
         hit_block_ids: list[int] = []
         parent: BlockHash | None = None
-        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            block_hash = BlockHash(parent, tuple(token_ids[start : start + self.block_size]))
+        for start in range(0, seq.num_tokens - self.block_size + 1, self.block_size):
+            block_hash = BlockHash(parent, seq.block_key(start, start + self.block_size))
             block_id = self._cached_block_ids.get(block_hash)
             if block_id is None:
                 break
             hit_block_ids.append(block_id)
             parent = self._block_hashes[block_id]
+        if seq.whole_images:  # the rest of the prompt must not start inside an image
+            while hit_block_ids and seq.image_cut_at(len(hit_block_ids) * self.block_size):
+                hit_block_ids.pop()
         return hit_block_ids
 
     def _num_missing_blocks(self, seq: Sequence, hit_block_ids: list[int]) -> int:

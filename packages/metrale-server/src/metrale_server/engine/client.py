@@ -15,7 +15,8 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig
-from metrale_model_arch import ChatTemplate, ModelSource, Tokenizer
+from metrale_model_arch import ChatTemplate, ImageEncoder, ModelSource, Tokenizer
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.engine.stats import EngineStats
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.pooling.model_task import ModelTask
@@ -42,6 +43,8 @@ class EngineInfo:
     kv_block_bytes: int
     budget_bytes: int
     is_prefix_caching: bool
+    # The most images one request may carry (0: the engine takes none).
+    images_per_prompt: int = 0
 
 
 class EngineClient(Protocol):
@@ -61,6 +64,11 @@ class EngineClient(Protocol):
 
     @property
     def chat_template(self) -> ChatTemplate: ...
+
+    @property
+    def image_encoder(self) -> ImageEncoder | None:
+        """The model's image path (``prepare`` runs on any thread), or ``None``: no images."""
+        ...
 
     def render_chat(
         self,
@@ -99,6 +107,7 @@ class EngineClient(Protocol):
         *,
         prompt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -11,7 +11,7 @@ from collections.abc import Sequence as SequenceOf
 
 import attrs
 
-from metrale_model_arch import LoadedModel
+from metrale_model_arch import LoadedModel, PromptPositions
 from metrale_model_arch.memory import MemoryPlan
 from metrale_server.args import EngineArgs
 from metrale_server.engine.block_manager import BlockManager
@@ -20,6 +20,7 @@ from metrale_server.engine.distributed.rank_memory import RankMemory
 from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.model_runner import ModelRunner
+from metrale_server.engine.prompt_image import PromptImage, check_placed
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
@@ -151,6 +152,7 @@ class EngineCore:
     @property
     def stats(self) -> EngineStats:
         """A fresh snapshot (call it on the engine's thread; others read ``published_stats``)."""
+        image_step = self.runner.image_step
         return attrs.evolve(
             self._stats,
             num_preemptions=self.scheduler.num_preemptions,
@@ -161,6 +163,8 @@ class EngineCore:
             num_kv_blocks=self.num_kv_blocks,
             prefix_cache_queries=self.block_manager.stats.num_queried_tokens,
             prefix_cache_hits=self.block_manager.stats.num_hit_tokens,
+            num_images_encoded=0 if image_step is None else image_step.counters.num_encoded,
+            num_image_cache_hits=0 if image_step is None else image_step.counters.num_cache_hits,
         )
 
     @property
@@ -188,11 +192,15 @@ class EngineCore:
         *,
         arrival_time: float | None = None,
         grammar: CompiledGrammar | None = None,
+        images: SequenceOf[PromptImage] = (),
     ) -> EngineCoreRequest:
         """The request, checked (``RequestError`` for one that can never run). ``grammar`` is
         its constraint compiled by the caller (the server compiles on its preparation threads);
-        compiled here (or taken from the cache) when not given. Any thread may call it."""
+        compiled here (or taken from the cache) when not given. ``images`` stand on the
+        prompt's image tokens (:func:`~metrale_server.engine.prompt_image.place_images`); their
+        M-RoPE positions, if the model has them, are computed here. Any thread may call it."""
         prompt_ids = tuple(int(t) for t in prompt_token_ids)
+        self.check_images(prompt_ids, images)
         if grammar is None:
             grammar = self.compile_grammar(params)
         return EngineCoreRequest(
@@ -201,7 +209,52 @@ class EngineCore:
             params=self.check_request(prompt_ids, params, grammar=grammar),
             grammar=grammar,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            images=tuple(images),
+            rope_positions=self.rope_positions(prompt_ids, images),
         )
+
+    def rope_positions(
+        self, prompt: tuple[int, ...], images: SequenceOf[PromptImage]
+    ) -> PromptPositions | None:
+        """The checked prompt's M-RoPE positions, or ``None`` when its tokens sit at their
+        indices (a model without them, a prompt without images)."""
+        step = self.runner.image_step
+        if step is None:
+            return None
+        try:
+            return step.encoder.rope_positions(prompt, [placed.image for placed in images])
+        except ValueError as error:
+            raise RequestError(str(error)) from error
+
+    def check_images(self, prompt: tuple[int, ...], images: SequenceOf[PromptImage]) -> None:
+        """``RequestError`` unless ``images`` stand exactly on the prompt's image tokens, and
+        the engine takes that many (a text-only engine takes none)."""
+        step = self.runner.image_step
+        if step is None:
+            if images:
+                raise RequestError(f"{self.loaded.config.model_type}: this server takes no images")
+            return
+        if len(images) > self.args.images_per_prompt:
+            raise RequestError(
+                f"the request has {len(images)} images; this server takes at most "
+                f"{self.args.images_per_prompt} (met serve --limit-mm-per-prompt)"
+            )
+        try:
+            check_placed(prompt, step.encoder.image_token_id, images)
+        except ValueError as error:
+            raise RequestError(str(error)) from error
+        # With its begin and end markers, which share its step.
+        largest = max((placed.image.num_tokens + 2 for placed in images), default=0)
+        if step.encoder.whole_images and largest > self.args.max_batch_tokens:
+            raise RequestError(
+                f"an image takes {largest} tokens with its markers, which this model prefills in "
+                f"one step: more than the step's {self.args.max_batch_tokens} "
+                "(met serve --max-prefill-tokens)"
+            )
+
+    def _whole_images(self, request: EngineCoreRequest) -> bool:
+        step = self.runner.image_step
+        return bool(request.images) and step is not None and step.encoder.whole_images
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a checked request (:meth:`make_request`); ``RequestError`` when its id is
@@ -223,6 +276,9 @@ class EngineCore:
                     else make_seeded_generator(params.seed + index, self.loaded.device)
                 ),
                 grammar=None if request.grammar is None else request.grammar.matcher(),
+                images=request.images,
+                whole_images=self._whole_images(request),
+                rope_positions=request.rope_positions,
             )
             for index in range(params.n)
         ]
@@ -247,7 +303,10 @@ class EngineCore:
         if not prompt:
             raise RequestError("the prompt is empty")
         vocab_size = self.loaded.config.vocab_size
-        if any(not 0 <= t < vocab_size for t in prompt):
+        # An image token may lie past the vocabulary (Gemma 3's): its embedding is the image's.
+        image_step = self.runner.image_step
+        image_token = None if image_step is None else image_step.encoder.image_token_id
+        if any(not 0 <= t < vocab_size and t != image_token for t in prompt):
             raise RequestError(f"prompt token ids must be in 0..{vocab_size - 1}")
         if params.pooling is not None:
             if params.n != 1 or params.structured_outputs is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from metrale_model_arch import PromptPositions
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.structured import CompiledGrammar
 
@@ -20,3 +22,7 @@ class EngineCoreRequest:
     params: SamplingParams
     grammar: CompiledGrammar | None
     arrival_time: float
+    # Where the prompt's images stand (its image tokens already expanded).
+    images: tuple[PromptImage, ...] = ()
+    # The prompt's M-RoPE positions, for a model whose positions follow its images.
+    rope_positions: PromptPositions | None = None

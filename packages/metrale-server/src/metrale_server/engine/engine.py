@@ -10,6 +10,7 @@ from metrale_model_arch.memory import MemoryPlan
 from metrale_server.args import EngineArgs
 from metrale_server.engine.block_manager import BlockManager
 from metrale_server.engine.core import EngineCore
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.engine.scheduler import Scheduler
 from metrale_server.engine.stats import EngineStats
 from metrale_server.memory.ledger import MemoryLedger
@@ -117,10 +118,12 @@ class Engine:
         prompt: str | None = None,
         arrival_time: float | None = None,
         kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+        images: Sequence[PromptImage] = (),
     ) -> None:
-        """Queue a request; ``prompt`` is its text, if it came as text (reported back only)."""
+        """Queue a request; ``prompt`` is its text, if it came as text (reported back only);
+        ``images`` stand on its image tokens."""
         request = self.core.make_request(
-            request_id, prompt_token_ids, params, arrival_time=arrival_time
+            request_id, prompt_token_ids, params, arrival_time=arrival_time, images=images
         )
         self.core.add_request(request)
         self.processor.add_request(

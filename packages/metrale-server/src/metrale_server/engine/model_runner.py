@@ -23,6 +23,7 @@ from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_model_arch.parallel import gather_vocab_logits
 from metrale_server.engine.block_table import PersistentBlockTable
+from metrale_server.engine.image_step import ImageStep
 from metrale_server.engine.prompt_reads import (
     PromptReads,
     PromptRows,
@@ -35,6 +36,7 @@ from metrale_server.engine.prompt_reads import (
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence
 from metrale_server.engine.step_inputs import StepInputs
+from metrale_server.engine.step_positions import rope_step_positions
 from metrale_server.engine.step_result import SampledToken, StepResult
 from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.logprobs import compute_logprob_tensors
@@ -142,6 +144,8 @@ class ModelRunner:
         self.block_tables = PersistentBlockTable(arena["block_tables"])
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(seed)
+        # The encoder step of a model that takes images (set by whoever built its cache).
+        self.image_step: ImageStep | None = None
 
     def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         if not copies:
@@ -153,9 +157,11 @@ class ModelRunner:
     def prepare_inputs(
         self, step: SchedulerStep
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], PromptReads]:
-        """Token ids and positions (views of the arena), the attention metadata, the flat
-        index of each sampling chunk's last token (of its last real token and each draft, for a
-        chunk with drafts; none for an embedding's), and the prompt positions the step reads."""
+        """Token ids and positions (views of the arena; ``(3, tokens)`` positions, not in the
+        arena, for a step holding a sequence with M-RoPE prompt positions:
+        :mod:`~metrale_server.engine.step_positions`), the attention metadata, the flat index of
+        each sampling chunk's last token (of its last real token and each draft, for a chunk
+        with drafts; none for an embedding's), and the prompt positions the step reads."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -195,7 +201,9 @@ class ModelRunner:
         input_ids = self._input_ids[:num_tokens]
         input_ids.copy_(torch.tensor(token_ids, dtype=torch.int64))
         position_ids = self._positions[:num_tokens]
-        position_ids.copy_(torch.tensor(positions, dtype=torch.int64))
+        host_positions = torch.tensor(positions, dtype=torch.int64)
+        position_ids.copy_(host_positions)
+        rope_positions = rope_step_positions(step, host_positions)
         device = self.device
         rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
         query_lens_t = torch.tensor(query_lens, dtype=torch.int64, device=device)
@@ -218,6 +226,8 @@ class ModelRunner:
             state_slots=rows_t,
         )
         reads = PromptReads(logprob_rows=tuple(read_logprobs), pool_rows=tuple(read_pools))
+        if rope_positions is not None:
+            position_ids = rope_positions.to(device)
         return input_ids, position_ids, metadata, logits_indices, reads
 
     @torch.inference_mode()
@@ -227,6 +237,7 @@ class ModelRunner:
         (no tokens yet). The rows live in the arena's logits buffer when they fit (drafts can
         outnumber its rows): valid until the next call."""
         input_ids, positions, metadata, logits_indices, reads = self.prepare_inputs(step)
+        embeds = None if self.image_step is None else self.image_step.input_embeds(step, input_ids)
         inputs = StepInputs(
             input_ids=input_ids,
             positions=positions,
@@ -242,14 +253,18 @@ class ModelRunner:
             block_copies=step.block_copies,
         )
         if self.workers is None:
-            return self._run_and_read(inputs, metadata, reads)
+            return self._run_and_read(inputs, metadata, reads, embeds)
         with self.workers.step(inputs.to_host()):
-            return self._run_and_read(inputs, metadata, reads)
+            return self._run_and_read(inputs, metadata, reads, embeds)
 
     def _run_and_read(
-        self, inputs: StepInputs, metadata: AttentionMetadata, reads: PromptReads
+        self,
+        inputs: StepInputs,
+        metadata: AttentionMetadata,
+        reads: PromptReads,
+        embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, StepResult]:
-        hidden = self._hidden_states(inputs, metadata)
+        hidden = self._hidden_states(inputs, metadata, embeds)
         # NOTE: before the sampled rows' logits: the prompt logprobs use the same buffer.
         read = read_prompts(hidden, reads, self.loaded.model.compute_logits, self._logits)
         if self.keep_hidden:
@@ -267,10 +282,26 @@ class ModelRunner:
             metadata = inputs.metadata()
         return self._logits_rows(self._hidden_states(inputs, metadata), inputs.logits_indices)
 
-    def _hidden_states(self, inputs: StepInputs, metadata: AttentionMetadata) -> torch.Tensor:
-        """The model's final (normed) hidden state of every token in the step."""
+    def _hidden_states(
+        self,
+        inputs: StepInputs,
+        metadata: AttentionMetadata,
+        embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model's final (normed) hidden state of every token in the step; ``embeds``
+        stand for the tokens' embeddings (a step that reaches image tokens)."""
         self.copy_blocks(inputs.block_copies)
-        hidden: torch.Tensor = self.loaded.model(
+        if embeds is not None:
+            hidden: torch.Tensor = self.loaded.model(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_caches,
+                metadata,
+                self.seq_states,
+                inputs_embeds=embeds,
+            )
+            return hidden
+        hidden = self.loaded.model(
             inputs.input_ids, inputs.positions, self.kv_caches, metadata, self.seq_states
         )
         return hidden

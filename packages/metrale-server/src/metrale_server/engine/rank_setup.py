@@ -10,12 +10,14 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig
-from metrale_model_arch import LoadedModel, LoadOptions
+from metrale_model_arch import LoadedModel, LoadOptions, image_encoder_for, serves_images
 from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan
 from metrale_model_arch.parallel import TensorShard
 from metrale_server.args import EngineArgs
 from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.engine.encoder_cache import EncoderCache
+from metrale_server.engine.image_step import ImageStep
 from metrale_server.engine.model_runner import ModelRunner
 from metrale_server.memory.ledger import MemoryLedger
 from metrale_server.memory.preflight import plan_engine_memory
@@ -71,7 +73,7 @@ def load_options(
         kernel_backend=args.kernel_backend,
         shard=shard,
         without_head=serves_embeddings(args.task, args.model),
-        text_only=True,  # the engine takes no images yet: the plan has no vision tower
+        text_only=not serves_images(target.config),  # as planned: a tower only to take images
         allocator=ledger.allocate,
         on_progress=on_progress,
     )
@@ -82,7 +84,7 @@ def build_runner(
 ) -> ModelRunner:
     """The runner over ``loaded`` with the KV pool, per-sequence state and step arena the plan
     sized, allocated through ``ledger`` (every rank builds the same)."""
-    return ModelRunner(
+    runner = ModelRunner(
         loaded,
         num_blocks=plan.kv_blocks,
         block_size=plan.inputs.block_size,
@@ -95,6 +97,24 @@ def build_runner(
         kv_cache_dtype=plan.inputs.kv_cache_dtype,
         keep_hidden=args.speculative_config is not None and args.speculative_config.is_mtp,
     )
+    runner.image_step = image_step(loaded, plan, ledger)
+    return runner
+
+
+def image_step(loaded: LoadedModel, plan: MemoryPlan, ledger: MemoryLedger) -> ImageStep | None:
+    """The encoder step of a model loaded with a vision tower the engine serves, its output
+    cache allocated through ``ledger`` as the plan sized it; ``None`` for a text-only model."""
+    encoder, planned = image_encoder_for(loaded), plan.inputs.encoder
+    if encoder is None or planned is None:
+        return None
+    cache = EncoderCache(
+        cache_tokens=planned.cache_tokens,
+        hidden_size=encoder.hidden_size,
+        dtype=loaded.dtype,
+        device=loaded.device,
+        allocator=ledger.allocate,
+    )
+    return ImageStep(encoder, cache, batch_tokens=planned.batch_tokens)
 
 
 def worker_engine_args(args: EngineArgs, plan: MemoryPlan) -> EngineArgs:

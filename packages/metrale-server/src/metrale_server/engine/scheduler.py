@@ -98,7 +98,7 @@ class Scheduler:
             group_copies: list[tuple[int, int]] = []
             is_preempted = False
             for seq in group.unfinished_seqs():
-                num_new = min(seq.num_uncomputed_tokens, budget)
+                num_new = seq.chunk_size(budget)
                 if num_new == 0:
                     break
                 seq.draft_token_ids = drafts.get(seq.seq_id, ())[: budget - 1]
@@ -138,7 +138,7 @@ class Scheduler:
             self.running.append(group)
             for seq in group.unfinished_seqs():
                 seq.status = SequenceStatus.RUNNING
-                num_new = min(seq.num_uncomputed_tokens, budget)
+                num_new = seq.chunk_size(budget)
                 if num_new == 0:
                     continue
                 copies += self.block_manager.append_slots(seq, num_new)

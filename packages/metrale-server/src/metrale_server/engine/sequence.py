@@ -7,6 +7,8 @@ import enum
 import attrs
 import torch
 
+from metrale_model_arch import PromptPositions
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.output.outputs import TokenLogprob
 from metrale_server.sampling.params import SamplingParams
 from metrale_server.sampling.penalty_state import PenaltyState
@@ -35,7 +37,10 @@ class Sequence:
     ``token_ids``: the step checks them, and only those kept are appended).
     ``prompt_logprobs`` holds those of prompt tokens ``1..len(prompt_logprobs)`` computed so far
     (``SamplingParams.prompt_logprobs``); ``pool_state`` what a pooling request has read of its
-    prompt so far (mean pooling's running sum, cls pooling's first state).
+    prompt so far (mean pooling's running sum, cls pooling's first state). ``images`` stand on
+    the prompt's image tokens (:mod:`~metrale_server.engine.image_step`); ``rope_positions``,
+    when set, place the prompt's tokens for the model's rotary embedding instead of their
+    indices (:mod:`~metrale_server.engine.step_positions`).
     """
 
     seq_id: int
@@ -58,6 +63,10 @@ class Sequence:
     draft_token_ids: tuple[int, ...] = ()
     prompt_logprobs: list[TokenLogprob] = attrs.field(factory=list)
     pool_state: torch.Tensor | None = None
+    images: tuple[PromptImage, ...] = ()
+    # Each image's tokens attend to each other (Gemma 3): an image is prefilled within one step.
+    whole_images: bool = False
+    rope_positions: PromptPositions | None = None
 
     def __attrs_post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -98,6 +107,33 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def chunk_size(self, budget: int) -> int:
+        """The tokens this sequence's next chunk takes within ``budget``: all it has left, or
+        up to the image it would cut (0 when that image starts it) for a ``whole_images``
+        sequence."""
+        size = min(self.num_uncomputed_tokens, budget)
+        return size if not self.whole_images else self.whole_image_prefix(size)
+
+    def whole_image_prefix(self, size: int) -> int:
+        """``size`` tokens from the first uncomputed one, cut back before the marker of an
+        image they would cut."""
+        start = self.num_computed_tokens
+        cut = self.image_cut_at(start + size)
+        return size if cut is None else max(cut.offset - 1 - start, 0)
+
+    def image_cut_at(self, position: int) -> PromptImage | None:
+        """The image a step edge at ``position`` would cut, if any: a whole image is prefilled
+        in one step with the tokens on either side of it (its begin and end markers), so the
+        model can tell an image its rows hold entirely from one the step's edge cuts."""
+        return next((p for p in self.images if p.offset <= position <= p.end), None)
+
+    def block_key(self, start: int, stop: int) -> tuple[int | str, ...]:
+        """What names tokens ``start .. stop`` in the prefix cache: their ids, then the digest
+        of every image they reach (image tokens share one id; the image tells them apart)."""
+        key: tuple[int | str, ...] = tuple(self.token_ids[start:stop])
+        digests = tuple(p.digest for p in self.images if p.offset < stop and start < p.end)
+        return key + digests if digests else key
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

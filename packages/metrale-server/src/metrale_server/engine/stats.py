@@ -31,6 +31,9 @@ class EngineStats:
     num_accepted_tokens: int = 0
     # Drafts kept at each draft position (0: the first token after the sequence's last one).
     num_accepted_by_position: tuple[int, ...] = ()
+    # Images run through the vision tower, and images whose encoding the cache held.
+    num_images_encoded: int = 0
+    num_image_cache_hits: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -15,7 +15,7 @@ from metrale_kernels import AttentionMetadata
 @attrs.frozen(kw_only=True, eq=False)
 class StepInputs:
     input_ids: torch.Tensor  # (tokens,) int64
-    positions: torch.Tensor  # (tokens,) int64
+    positions: torch.Tensor  # (tokens,) int64; (3, tokens) for M-RoPE prompt positions
     slot_mapping: torch.Tensor  # (tokens,) int64
     query_start_loc: torch.Tensor  # (seqs + 1,) int64
     seq_lens_tensor: torch.Tensor  # (seqs,) int64

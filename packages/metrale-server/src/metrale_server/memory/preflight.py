@@ -9,13 +9,23 @@ owner, then the KV line.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from metrale_config import ModelConfig, read_bool_lever
-from metrale_model_arch import KvCacheDtype, Quantization, read_model_config, resolve_model
+from metrale_model_arch import (
+    KvCacheDtype,
+    Quantization,
+    planned_tokens_per_image,
+    read_model_config,
+    resolve_model,
+    serves_images,
+)
 from metrale_model_arch.memory import (
     GLM5_NEXT_MODEL_TYPES,
     DraftInputs,
+    EncoderInputs,
     MemoryPlan,
     PlanInputs,
     draft_max_seq_len,
@@ -120,7 +130,32 @@ def plan_inputs(
         mtp=is_mtp,
         kv_cache_dtype=KvCacheDtype.parse(args.kv_cache_dtype),
         draft=draft,
+        encoder=encoder_inputs(args, config),
     )
+
+
+def encoder_inputs(args: EngineArgs, config: ModelConfig) -> EncoderInputs | None:
+    """What to reserve for images: nothing for a config the engine runs text-only (its
+    vision tower left out), else one image's most tokens under the checkpoint's own
+    preprocessing and an encoder cache of ``--encoder-cache-tokens`` (default: the larger of
+    ``--max-prefill-tokens`` and one image)."""
+    if not serves_images(config):
+        return None
+    per_image = planned_tokens_per_image(config, model_directory(args.model))
+    cache_tokens = args.encoder_cache_tokens or max(args.max_batch_tokens, per_image)
+    return EncoderInputs(
+        max_tokens_per_image=per_image,
+        cache_tokens=cache_tokens,
+        batch_tokens=args.max_batch_tokens,
+    )
+
+
+def model_directory(model: str | None) -> Path | None:
+    """The checkpoint directory of ``model`` (a config.json's own), or ``None`` (a GGUF)."""
+    if model is not None and model.endswith(".json") and Path(model).is_file():
+        return Path(model).parent
+    source = resolve_model(model)
+    return source.path if source.kind == "dir" else None
 
 
 def check_mtp_config(config: ModelConfig) -> None:
@@ -210,6 +245,7 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
     weights = plan.weights
     tied = " (tied to the embeddings)" if config.tie_word_embeddings else ""
     mtp = f" + MTP layers {_mb(weights.mtp)} MiB" if weights.mtp else ""
+    mtp += f" + vision tower {_mb(weights.vision)} MiB" if weights.vision else ""
     lines = [
         f"Weights ({weight_format(inputs)}): {_gb(weights.total())} GiB = embeddings "
         f"{_mb(weights.embeddings)} MiB + layers {_mb(weights.layers)} MiB + final norm "
@@ -245,6 +281,14 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
             f"{_mb(plan.draft_kv_pool_bytes)} MiB = {plan.kv_blocks} blocks (one per KV block) "
             f"of {plan.draft_kv_block_bytes} B; positions up to "
             f"{draft_max_seq_len(draft.config, inputs.max_seq_len)}"
+        )
+    if inputs.encoder is not None:
+        encoder = inputs.encoder
+        lines.append(
+            f"Image encoder: output cache {_mb(plan.encoder_cache_bytes)} MiB "
+            f"({encoder.cache_tokens} image tokens, up to {encoder.max_tokens_per_image} an "
+            f"image) + batch activations {_mb(plan.encoder_activation_bytes)} MiB "
+            f"({encoder.encoder_batch_tokens} image tokens a batch; not allocated at start)"
         )
     lines += [
         f"Buffer arena: {_mb(plan.buffer_arena_bytes)} MiB (step inputs for "

@@ -16,6 +16,8 @@ from metrale_model_arch import (
     Tokenizer,
     read_model_config,
     resolve_model,
+    serves_images,
+    text_only_config,
 )
 from metrale_server.args import EngineArgs
 from metrale_server.pooling.params import PoolingParams
@@ -84,10 +86,24 @@ def serves_embeddings(task: str, model: str | None) -> bool:
 
 def engine_model_config(args: EngineArgs) -> ModelConfig:
     """The config the engine runs ``args.model`` with: without its head for an embedding
-    task (:func:`serves_embeddings`); without a vision tower, as the engine takes no images
-    yet."""
+    task (:func:`serves_embeddings`); without its vision tower unless the engine takes images
+    (:func:`engine_text_only`)."""
     without_head = serves_embeddings(args.task, args.model)
-    return read_model_config(resolve_model(args.model), without_head=without_head, text_only=True)
+    config = read_model_config(resolve_model(args.model), without_head=without_head)
+    return text_only_config(config) if engine_text_only(args, config) else config
+
+
+def engine_text_only(args: EngineArgs, config: ModelConfig) -> bool:
+    """Whether the engine leaves ``config``'s vision tower out: a tower it cannot serve, an
+    embedding or scoring task, ``images_per_prompt`` 0, or a split model (images do not run
+    under tensor parallelism yet)."""
+    return (
+        not serves_images(config)
+        or args.images_per_prompt == 0
+        or args.tensor_parallel_size > 1
+        or serves_embeddings(args.task, args.model)
+        or args.task == "score"
+    )
 
 
 def resolve_model_task(task: str, loaded: LoadedModel) -> ModelTask:

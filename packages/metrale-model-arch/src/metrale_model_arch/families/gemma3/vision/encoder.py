@@ -1,0 +1,102 @@
+"""Gemma 3's :class:`~metrale_model_arch.prepared_image.ImageEncoder`: its own preprocessing,
+the SigLIP tower and projector over a batch of images, its scaled text embedding.
+
+Gemma 3's prompts differ from GLM-5.3's in two ways the engine reads from here:
+``text_expansion`` is what transformers' processor puts in the prompt text for each
+``<start_of_image>`` the chat template writes (``"\\n\\n<start_of_image>"``, the image tokens,
+``"<end_of_image>\\n\\n"``), tokenized with the rest; and ``whole_images``: an image's tokens
+attend to each other, so the scheduler prefills each image within one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from PIL import Image
+
+from metrale_model_arch.families.gemma3.vision.preprocess import normalized_image
+from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
+from metrale_model_arch.prepared_image import PreparedImage
+from metrale_model_arch.prompt_positions import PromptPositions
+
+if TYPE_CHECKING:
+    from metrale_model_arch.families.gemma3.model import Gemma3ForConditionalGeneration
+    from metrale_model_arch.load import LoadedModel
+
+
+class Gemma3ImageEncoder:
+    whole_images = True
+    placeholder_text: str | None
+    text_expansion: str | None
+
+    def __init__(
+        self,
+        model: Gemma3ForConditionalGeneration,
+        processor: ImageProcessorConfig,
+        token_text: dict[int, str],
+    ) -> None:
+        vision, visual = model.config.siglip_vision, model.visual
+        if visual is None or vision is None:
+            raise ValueError(f"{model.config.source}: the model was loaded without its tower")
+        self._model = model
+        self._visual = visual
+        self._processor = processor
+        self.image_token_id = vision.image_token_id
+        self.hidden_size = model.config.hidden_size
+        self.max_tokens_per_image = vision.mm_tokens_per_image
+        image, boi, eoi = (token_text[i] for i in (vision.image_token_id, vision.boi_token_id,
+                                                    vision.eoi_token_id))  # fmt: skip
+        self.placeholder_text = boi
+        self.text_expansion = f"\n\n{boi}{image * vision.mm_tokens_per_image}{eoi}\n\n"
+
+    @classmethod
+    def for_loaded(cls, loaded: LoadedModel) -> Gemma3ImageEncoder:
+        """The encoder of a loaded gemma3 model: preprocessing from the checkpoint directory's
+        ``preprocessor_config.json`` (defaults without one), its image, begin- and end-of-image
+        tokens' text from the tokenizer."""
+        from metrale_model_arch.families.gemma3.model import Gemma3ForConditionalGeneration
+
+        model, vision = loaded.model, loaded.config.siglip_vision
+        assert isinstance(model, Gemma3ForConditionalGeneration)
+        assert vision is not None
+        directory = loaded.source.path if loaded.source.kind == "dir" else None
+        processor = (
+            ImageProcessorConfig.from_directory(directory, vision)
+            if directory is not None
+            else ImageProcessorConfig.from_json({}, vision)
+        )
+        token_text: dict[int, str] = {}
+        for token_id in (vision.image_token_id, vision.boi_token_id, vision.eoi_token_id):
+            text = loaded.tokenizer.id_to_token(token_id)
+            if text is None:
+                raise ValueError(f"gemma3: the tokenizer has no token {token_id} (an image token)")
+            token_text[token_id] = text
+        return cls(model, processor, token_text)
+
+    def prepare(self, image: Image.Image) -> PreparedImage:
+        pixel_values = torch.from_numpy(normalized_image(image, self._processor))
+        grid = (1, *self._processor.size)
+        return PreparedImage(
+            pixel_values=pixel_values,
+            grid=(grid[0], grid[1], grid[2]),
+            num_tokens=self.max_tokens_per_image,
+            digest=PreparedImage.digest_of(pixel_values, (grid[0], grid[1], grid[2])),
+        )
+
+    def encode(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:
+        pixel_values = torch.stack([image.pixel_values for image in images])
+        dtype = self._model.model.embed_tokens.weight.dtype
+        features = self._visual(pixel_values).to(dtype)
+        return list(features.unbind(0))
+
+    def rope_positions(
+        self, token_ids: Sequence[int], images: Sequence[PreparedImage]
+    ) -> PromptPositions | None:
+        return None  # positions are token indices
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # The image token may lie past the vocabulary: its rows are replaced anyway.
+        is_image = input_ids == self.image_token_id
+        return self._model.embed(input_ids.masked_fill(is_image, 0))

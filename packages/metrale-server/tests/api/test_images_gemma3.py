@@ -1,0 +1,180 @@
+"""Gemma 3's images served: a tiny random ``gemma3`` (a sliding and a global layer, a SigLIP
+tower pooled to 4 tokens an image) answers image questions through the ``openai`` SDK exactly
+as transformers' model generates from the same prompt, ``pixel_values`` and ``token_type_ids``.
+The prompt text is expanded as transformers' processor does (each ``<start_of_image>`` becomes
+``"\\n\\n<start_of_image>"``, the image tokens, ``"<end_of_image>\\n\\n"``), and each image is
+prefilled within one step (its tokens attend to each other): with 8-token steps the scheduler
+cuts chunks before an image instead of inside it."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from metrale_model_arch import Tokenizer
+from metrale_model_arch.families.gemma3.vision.preprocess import preprocess_images
+from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
+from metrale_model_arch.owners import ENCODER_CACHE, VISION
+from metrale_server import EngineArgs, build_engine
+from metrale_server.pooling.model_task import engine_model_config
+
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+pil_processor = pytest.importorskip("transformers.models.gemma3.image_processing_pil_gemma3")
+
+MODEL = "tiny-gemma3"
+# SmolLM2's special tokens standing for Gemma 3's image, begin- and end-of-image tokens.
+IMAGE, BOI, EOI = "<filename>", "<gh_stars>", "<issue_start>"
+TOKENS_PER_IMAGE = 4
+NUM_TOKENS = 16
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
+    "{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'image' %}"
+    + BOI
+    + "{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def token_id(tokenizer: Tokenizer, text: str) -> int:
+    [single] = tokenizer.encode(text, add_special_tokens=False)
+    return single
+
+
+def save_tiny_gemma3(path: Path, tokenizer: Tokenizer) -> Path:
+    text = {"vocab_size": tokenizer.vocab_size, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "sliding_window": 6, "sliding_window_pattern": 2,
+            "query_pre_attn_scalar": 8, "max_position_embeddings": 256,
+            "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": 0}  # fmt: skip
+    vision = {"hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "image_size": 16, "patch_size": 4,
+              "vision_use_head": False}  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=TOKENS_PER_IMAGE,
+        image_token_index=token_id(tokenizer, IMAGE),
+        boi_token_index=token_id(tokenizer, BOI),
+        eoi_token_index=token_id(tokenizer, EOI),
+    )
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "vision_tower" in name and "norm" in name and name.endswith("weight"):
+                param.copy_(1.0 + 0.2 * noise)
+            else:
+                param.copy_((0.02 if "embed_tokens" in name else 0.3) * noise)
+    model.save_pretrained(path)
+    pil_processor.Gemma3ImageProcessorPil(size={"height": 16, "width": 16}).save_pretrained(path)
+    tokenizer.save(path)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    return path
+
+
+def random_image(height: int, width: int, seed: int) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+def data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}"
+
+
+IMAGES = [random_image(20, 28, seed=0), random_image(50, 13, seed=1)]
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
+    return save_tiny_gemma3(tmp_path_factory.mktemp("tiny-gemma3"), default_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(
+    gemma3_dir: Path, serve_engine: Callable[..., AbstractContextManager[Any]]
+) -> Iterator[Any]:
+    args = EngineArgs(model=str(gemma3_dir), dtype="float32", device="cpu", max_seq_len=256,
+                      max_batch_size=4, max_batch_tokens=8)  # fmt: skip
+    with serve_engine(build_engine(args), MODEL) as running:
+        yield running
+
+
+def question(count: int) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "Look at this"}]
+    for image in IMAGES[:count]:
+        parts += [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                  {"type": "text", "text": "and"}]  # fmt: skip
+    parts.append({"type": "text", "text": " what do you see?"})
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_image_questions_are_answered_as_transformers_generates(
+    server: Any, gemma3_dir: Path, count: int
+) -> None:
+    messages = question(count)
+    tokenized = server.client.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert tokenized.status_code == 200, tokenized.text
+    token_ids = tokenized.json()["tokens"]
+    tokenizer = server.state.engine.tokenizer
+    image_id = token_id(tokenizer, IMAGE)
+    assert token_ids.count(image_id) == count * TOKENS_PER_IMAGE
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    greedy = {"max_tokens": NUM_TOKENS, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    completion = client.chat.completions.create(model=MODEL, messages=messages, **greedy)
+    assert completion.usage.prompt_tokens == len(token_ids)
+    vision = engine_model_config(EngineArgs(model=str(gemma3_dir))).siglip_vision
+    assert vision is not None
+    processor = ImageProcessorConfig.from_directory(gemma3_dir, vision)
+    pixel_values = preprocess_images(IMAGES[:count], processor).pixel_values
+    reference = transformers.Gemma3ForConditionalGeneration.from_pretrained(gemma3_dir).eval()
+    reference.generation_config.eos_token_id = None  # ignore_eos: never stop, never mask
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        out = reference.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values=pixel_values,
+            token_type_ids=(ids == image_id).long(),
+            max_new_tokens=NUM_TOKENS,
+            do_sample=False,
+        )
+    expected = out[0, len(token_ids) :].tolist()
+    assert completion.choices[0].message.content == tokenizer.decode(
+        expected, skip_special_tokens=True
+    )
+    server.wait_idle()
+
+
+def test_the_tower_and_encoder_cache_are_allocated_as_planned(server: Any) -> None:
+    memory = server.client.get("/memory").json()
+    for owner in (ENCODER_CACHE, VISION):
+        assert memory["plan_by_owner"][owner] > 0
+        assert memory["ledger_by_owner"][owner] == memory["plan_by_owner"][owner]
+
+
+def test_an_image_larger_than_a_step_is_refused(gemma3_dir: Path, serve_engine: Any) -> None:
+    # An image's 4 tokens never fit in 3-token steps: refused, not left waiting for ever.
+    args = EngineArgs(model=str(gemma3_dir), dtype="float32", device="cpu", max_seq_len=256,
+                      max_batch_size=2, max_batch_tokens=3)  # fmt: skip
+    with serve_engine(build_engine(args), MODEL) as small:
+        response = small.client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": question(1), "max_tokens": 2},
+        )
+    assert response.status_code == 400, response.text
+    assert "--max-prefill-tokens" in response.json()["error"]["message"]
