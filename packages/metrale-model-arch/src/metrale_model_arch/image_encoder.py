@@ -37,22 +37,13 @@ class ImageFamily:
 
 def _glm5_next_tokens(config: ModelConfig, directory: Path | None) -> int:
     assert config.vision is not None
-    processor = (
-        ImageProcessorConfig.from_directory(directory, config.vision)
-        if directory is not None
-        else ImageProcessorConfig.from_json({}, config.vision)
-    )
+    processor = ImageProcessorConfig.from_directory(directory, config.vision)
     return processor.max_image_tokens * processor.patch_expand_factor**2
 
 
 def _qwen2_5_vl_tokens(config: ModelConfig, directory: Path | None) -> int:
     assert config.vision is not None
-    processor = (
-        Qwen2VLImageProcessorConfig.from_directory(directory, config.vision)
-        if directory is not None
-        else Qwen2VLImageProcessorConfig.from_json({}, config.vision)
-    )
-    return processor.max_tokens_per_image
+    return Qwen2VLImageProcessorConfig.from_directory(directory, config.vision).max_tokens_per_image
 
 
 def _gemma3_tokens(config: ModelConfig, directory: Path | None) -> int:

@@ -7,7 +7,9 @@ planned and allocated byte for byte."""
 from __future__ import annotations
 
 import base64
+import http.server
 import io
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -383,3 +385,60 @@ def test_preempted_image_requests_give_the_same_tokens(vision_dir: Path) -> None
     assert engine.core.stats.num_preemptions > 0
     assert tight == roomy
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 serving ``/photo.png`` (IMAGES["photo"]), 404 elsewhere."""
+    buffer = io.BytesIO()
+    IMAGES["photo"].save(buffer, format="PNG")
+    body = buffer.getvalue()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = self.path == "/photo.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(body) if found else 0))
+            self.end_headers()
+            if found:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=host.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{host.server_address[1]}"
+    finally:
+        host.shutdown()
+        host.server_close()
+
+
+def test_image_urls_are_fetched_only_when_allowed_and_within_the_limits(
+    server: Any, image_host: str
+) -> None:
+    def ask(url: str) -> Any:
+        parts = [{"type": "text", "text": "Look: "}, image_part(url)]
+        parts.append({"type": "text", "text": "What is in the picture?"})
+        messages = [{"role": "user", "content": parts}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+        return server.client.post("/v1/chat/completions", json=body)
+
+    refused = ask(f"{image_host}/photo.png")
+    assert refused.status_code == 400
+    assert "--allow-image-urls" in refused.json()["error"]["message"]
+    twin = ask(data_url(IMAGES["photo"]))
+    with server.overridden(image_limits=ImageLimits(allow_urls=True)):
+        fetched = ask(f"{image_host}/photo.png")
+        missing = ask(f"{image_host}/missing.png")
+    with server.overridden(image_limits=ImageLimits(allow_urls=True, max_bytes=100)):
+        too_large = ask(f"{image_host}/photo.png")
+    assert fetched.status_code == 200, fetched.text
+    assert fetched.json()["choices"][0]["message"] == twin.json()["choices"][0]["message"]
+    assert missing.status_code == 400
+    assert "HTTP 404" in missing.json()["error"]["message"]
+    assert too_large.status_code == 400
+    assert "--max-image-bytes" in too_large.json()["error"]["message"]
+    server.wait_idle()

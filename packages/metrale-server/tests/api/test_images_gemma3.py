@@ -8,17 +8,13 @@ cuts chunks before an image instead of inside it."""
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.families.gemma3.vision.preprocess import preprocess_images
@@ -26,6 +22,8 @@ from metrale_model_arch.families.gemma3.vision.processor_config import ImageProc
 from metrale_model_arch.owners import ENCODER_CACHE, VISION
 from metrale_server import EngineArgs, build_engine
 from metrale_server.pooling.model_task import engine_model_config
+
+from .test_images import data_url, image_part, random_image
 
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
@@ -84,17 +82,6 @@ def save_tiny_gemma3(path: Path, tokenizer: Tokenizer) -> Path:
     return path
 
 
-def random_image(height: int, width: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels, "RGB")
-
-
-def data_url(image: Image.Image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}"
-
-
 IMAGES = [random_image(20, 28, seed=0), random_image(50, 13, seed=1)]
 
 
@@ -116,8 +103,7 @@ def server(
 def question(count: int) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = [{"type": "text", "text": "Look at this"}]
     for image in IMAGES[:count]:
-        parts += [{"type": "image_url", "image_url": {"url": data_url(image)}},
-                  {"type": "text", "text": "and"}]  # fmt: skip
+        parts += [image_part(data_url(image)), {"type": "text", "text": "and"}]
     parts.append({"type": "text", "text": " what do you see?"})
     return [{"role": "user", "content": parts}]
 

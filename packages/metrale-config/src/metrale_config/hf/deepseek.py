@@ -10,6 +10,8 @@ the one cached latent).
 Routing is told by the MoE fields alone: V2's ``greedy`` is one group (``n_group`` and
 ``topk_group`` 1, whatever the file says), ``group_limited_greedy`` keeps its groups; V3's
 ``noaux_tc`` (sigmoid scores plus a correction bias) is the only V3 method.
+V3's multi-token-prediction layers (``num_nextn_predict_layers``) sit at index
+``num_hidden_layers + k`` and take their MLP by the same rule as the stack; V2 has none.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def parse_deepseek(reader: FieldReader, model_type: str) -> ModelConfig:
     config = parse_common(reader, model_type)
     mla = _parse_mla(reader, model_type)
     attention_bias = reader.boolean("attention_bias", False)
+    num_layers = config.num_hidden_layers
+    mtp = parse_mtp(reader) if model_type == "deepseek_v3" else None
+    num_mtp = mtp.num_layers if mtp is not None else 0
+    moe = _parse_moe(reader, model_type, num_layers + num_mtp)
+    kinds = moe.mlp_layer_types
+    if mtp is not None:
+        mtp = attrs.evolve(mtp, mlp_layer_types=kinds[num_layers:])
     return attrs.evolve(
         config,
         head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
@@ -74,8 +83,8 @@ def parse_deepseek(reader: FieldReader, model_type: str) -> ModelConfig:
         o_proj_bias=attention_bias,
         mlp_bias=reader.boolean("mlp_bias", False) if model_type == "deepseek_v2" else False,
         mla=mla,
-        moe=_parse_moe(reader, model_type, config.num_hidden_layers),
-        mtp=parse_mtp(reader),
+        moe=attrs.evolve(moe, mlp_layer_types=kinds[:num_layers]),
+        mtp=mtp,
     )
 
 

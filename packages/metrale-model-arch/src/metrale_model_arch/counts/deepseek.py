@@ -4,7 +4,9 @@ Each layer holds MLA attention (``q_proj``, or ``q_a_proj`` + ``q_a_layernorm`` 
 ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``; with ``attention_bias``
 biases on ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``), two RMSNorms and an MLP: a
 dense SwiGLU MLP of ``intermediate_size``, or the routed and shared experts at the serve dtype
-with the router (and V3's score-correction bias) in float32. MTP layers are not loaded.
+with the router (and V3's score-correction bias) in float32. Each of V3's MTP layers is one
+more decoder layer plus ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``, counted in
+``mtp`` / ``mtp_fp32`` (its copies of the embedding and head are not loaded).
 """
 
 from __future__ import annotations
@@ -22,11 +24,18 @@ from metrale_model_arch.counts.moe import (
 
 
 def deepseek_param_counts(config: ModelConfig) -> ParamCounts:
-    """Exactly as ``DeepseekForCausalLM`` builds it."""
+    """Exactly as ``DeepseekForCausalLM`` builds it, MTP layers included."""
     attention_and_norms = mla_attention_params(config) + 2 * config.hidden_size
     layers = SplitParams()
     for kind in require_moe(config).mlp_layer_types:
         layers += _mlp_params(config, kind) + SplitParams(serve=attention_and_norms)
+    mtp = SplitParams()
+    if config.mtp is not None:
+        hidden = config.hidden_size
+        # enorm, hnorm, shared_head.norm and eh_proj (hidden, 2 * hidden).
+        own = 3 * hidden + 2 * hidden * hidden
+        for kind in config.mtp.mlp_layer_types:
+            mtp += _mlp_params(config, kind) + SplitParams(serve=attention_and_norms + own)
     embeddings = config.vocab_size * config.hidden_size
     return ParamCounts(
         embeddings=embeddings,
@@ -34,6 +43,8 @@ def deepseek_param_counts(config: ModelConfig) -> ParamCounts:
         final_norm=config.hidden_size,
         lm_head=0 if config.tie_word_embeddings else embeddings,
         layers_fp32=layers.fp32,
+        mtp=mtp.serve,
+        mtp_fp32=mtp.fp32,
     )
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from metrale_model_arch.load import LoadedModel
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 # OpenAI CLIP's, transformers' defaults for these processors.
@@ -10,6 +16,23 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 PIL_BICUBIC = 3
 _STEPS = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
+
+
+def checkpoint_directory(loaded: LoadedModel) -> Path | None:
+    """Where a loaded model's processor files are: its directory, or ``None`` (a GGUF)."""
+    return loaded.source.path if loaded.source.kind == "dir" else None
+
+
+def read_preprocessor_config(directory: Path | None) -> dict[str, object]:
+    """``directory/preprocessor_config.json``; empty (the defaults) without a directory (a
+    GGUF) or the file."""
+    path = None if directory is None else directory / PREPROCESSOR_CONFIG
+    if path is None or not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
 
 
 def check_steps(data: Mapping[str, object]) -> None:

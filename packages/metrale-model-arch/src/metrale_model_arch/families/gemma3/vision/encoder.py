@@ -18,6 +18,7 @@ from PIL import Image
 
 from metrale_model_arch.families.gemma3.vision.preprocess import normalized_image
 from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
+from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
 from metrale_model_arch.prepared_image import PreparedImage
 from metrale_model_arch.prompt_positions import PromptPositions
 
@@ -61,12 +62,7 @@ class Gemma3ImageEncoder:
         model, vision = loaded.model, loaded.config.siglip_vision
         assert isinstance(model, Gemma3ForConditionalGeneration)
         assert vision is not None
-        directory = loaded.source.path if loaded.source.kind == "dir" else None
-        processor = (
-            ImageProcessorConfig.from_directory(directory, vision)
-            if directory is not None
-            else ImageProcessorConfig.from_json({}, vision)
-        )
+        processor = ImageProcessorConfig.from_directory(checkpoint_directory(loaded), vision)
         token_text: dict[int, str] = {}
         for token_id in (vision.image_token_id, vision.boi_token_id, vision.eoi_token_id):
             text = loaded.tokenizer.id_to_token(token_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from metrale_model_arch.families.vision.processor_fields import (
     PREPROCESSOR_CONFIG,
     integer_field,
     numbers_field,
+    read_preprocessor_config,
 )
 
 PIL_BILINEAR = 2
@@ -61,11 +61,12 @@ class ImageProcessorConfig:
         )
 
     @classmethod
-    def from_directory(cls, directory: Path, vision: SiglipVisionConfig) -> ImageProcessorConfig:
-        """From ``directory/preprocessor_config.json``, or the defaults when there is none."""
-        path = directory / PREPROCESSOR_CONFIG
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        return cls.from_json(data, vision)
+    def from_directory(
+        cls, directory: Path | None, vision: SiglipVisionConfig
+    ) -> ImageProcessorConfig:
+        """From ``directory/preprocessor_config.json``, or the defaults when there is none
+        (or no directory: a GGUF)."""
+        return cls.from_json(read_preprocessor_config(directory), vision)
 
 
 def _size(value: object, default: tuple[int, int]) -> tuple[int, int]:

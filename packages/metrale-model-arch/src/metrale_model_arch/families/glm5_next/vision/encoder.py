@@ -11,6 +11,7 @@ from PIL import Image
 
 from metrale_model_arch.families.glm5_next.vision.preprocess import normalized_canvas, patchify
 from metrale_model_arch.families.glm5_next.vision.processor_config import ImageProcessorConfig
+from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
 from metrale_model_arch.prepared_image import PreparedImage
 from metrale_model_arch.prompt_positions import PromptPositions
 
@@ -44,13 +45,7 @@ class Glm5NextImageEncoder:
         model, vision = loaded.model, loaded.config.vision
         assert isinstance(model, Glm5NextForCausalLM)
         assert vision is not None
-        directory = loaded.source.path if loaded.source.kind == "dir" else None
-        processor = (
-            ImageProcessorConfig.from_directory(directory, vision)
-            if directory is not None
-            else ImageProcessorConfig.from_json({}, vision)
-        )
-        return cls(model, processor)
+        return cls(model, ImageProcessorConfig.from_directory(checkpoint_directory(loaded), vision))
 
     @property
     def max_tokens_per_image(self) -> int:

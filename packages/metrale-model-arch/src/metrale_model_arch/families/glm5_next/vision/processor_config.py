@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from metrale_model_arch.families.vision.processor_fields import (
     check_steps,
     integer_field,
     numbers_field,
+    read_preprocessor_config,
 )
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "PIL_BICUBIC", "PREPROCESSOR_CONFIG", "ImageProcessorConfig"]
@@ -73,8 +73,7 @@ class ImageProcessorConfig:
         return config
 
     @classmethod
-    def from_directory(cls, directory: Path, vision: VisionConfig) -> ImageProcessorConfig:
-        """From ``directory/preprocessor_config.json``, or the defaults when there is none."""
-        path = directory / PREPROCESSOR_CONFIG
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        return cls.from_json(data, vision)
+    def from_directory(cls, directory: Path | None, vision: VisionConfig) -> ImageProcessorConfig:
+        """From ``directory/preprocessor_config.json``, or the defaults when there is none
+        (or no directory: a GGUF)."""
+        return cls.from_json(read_preprocessor_config(directory), vision)

@@ -16,6 +16,7 @@ from metrale_model_arch.families.qwen2_5_vl.vision.processor_config import (
     Qwen2VLImageProcessorConfig,
 )
 from metrale_model_arch.families.vision.pixels import patchify
+from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
 from metrale_model_arch.prepared_image import PreparedImage
 from metrale_model_arch.prompt_positions import PromptPositions
 
@@ -53,9 +54,7 @@ class Qwen2_5_VLImageEncoder:  # noqa: N801 (the family's name)
         model, vision = loaded.model, loaded.config.vision
         assert isinstance(model, Qwen2_5_VLForCausalLM)
         assert vision is not None
-        directory = loaded.source.path if loaded.source.kind == "dir" else None
-        if directory is None:
-            return cls(model, Qwen2VLImageProcessorConfig.from_json({}, vision))
+        directory = checkpoint_directory(loaded)
         return cls(model, Qwen2VLImageProcessorConfig.from_directory(directory, vision))
 
     def prepare(self, image: Image.Image) -> PreparedImage:

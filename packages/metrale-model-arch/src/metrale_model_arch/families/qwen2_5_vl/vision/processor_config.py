@@ -3,7 +3,6 @@ checkpoint's ``preprocessor_config.json`` (transformers' ``Qwen2VLImageProcessor
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from metrale_model_arch.families.vision.processor_fields import (
     check_steps,
     integer_field,
     numbers_field,
+    read_preprocessor_config,
 )
 
 
@@ -88,8 +88,9 @@ class Qwen2VLImageProcessorConfig:
         return config
 
     @classmethod
-    def from_directory(cls, directory: Path, vision: VisionConfig) -> Qwen2VLImageProcessorConfig:
-        """From ``directory/preprocessor_config.json``, or the defaults when there is none."""
-        path = directory / PREPROCESSOR_CONFIG
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        return cls.from_json(data, vision)
+    def from_directory(
+        cls, directory: Path | None, vision: VisionConfig
+    ) -> Qwen2VLImageProcessorConfig:
+        """From ``directory/preprocessor_config.json``, or the defaults when there is none
+        (or no directory: a GGUF)."""
+        return cls.from_json(read_preprocessor_config(directory), vision)
