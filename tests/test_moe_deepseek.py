@@ -18,7 +18,7 @@ from metrale_testing.engine_parity import (
 
 from metrale_config import model_config_from_hf_file
 from metrale_model_arch import Tokenizer
-from metrale_model_arch.memory import KV_POOL, ROPE_TABLE, RUNTIME_HEADROOM
+from metrale_model_arch.memory import KV_POOL, MTP, ROPE_TABLE, RUNTIME_HEADROOM
 
 pytest.importorskip("transformers")
 
@@ -47,7 +47,15 @@ TINY: dict[str, tuple[str, str, dict[str, object]]] = {
     "deepseek_v3": (
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
-        {"q_lora_rank": 24, "n_group": 2, "topk_group": 1, "n_shared_experts": 1},
+        # No MTP layer in a transformers save: served without (MTP: metrale-server's
+        # tests/engine/test_mtp_deepseek_engine.py).
+        {
+            "q_lora_rank": 24,
+            "n_group": 2,
+            "topk_group": 1,
+            "n_shared_experts": 1,
+            "num_nextn_predict_layers": 0,
+        },
     ),
 }
 
@@ -90,9 +98,12 @@ def test_met_memory_of_the_published_deepseek_v3_config() -> None:
     assert plan["model_type"] == "deepseek_v3"
     owners = plan["by_owner"]
     weights = plan_weight_bytes(plan)
-    # 671.03e9 parameters (transformers' count on this config; the MTP layer not loaded) in
-    # bfloat16, the routers and correction biases in float32.
-    assert weights == 2 * 671_026_419_200 + 2 * 58 * 256 * (7168 + 1)
+    # 671.03e9 parameters (transformers' count on this config) and the MTP layer's 11.61e9
+    # (a sparse layer, enorm, hnorm, eh_proj, shared_head.norm) in bfloat16, the routers and
+    # correction biases (58 + 1 sparse layers) in float32.
+    stack = 2 * 671_026_419_200 + 2 * 58 * 256 * (7168 + 1)
+    assert weights == stack + 2 * 11_610_068_224 + 2 * 256 * (7168 + 1)
+    assert owners[MTP] == 2 * 11_610_068_224 + 2 * 256 * (7168 + 1)
     # 61 layers x (512 latent + 64 RoPE key) x 2 bytes: one row per token for all 128 heads.
     assert plan["kv_bytes_per_token"] == 61 * 576 * 2
     assert owners[ROPE_TABLE] == 16384 * 64 * 4

@@ -1,7 +1,9 @@
 """Parity of ``deepseek_v2`` and ``deepseek_v3`` with transformers on tiny random checkpoints
 (every parameter and the routing correction bias randomized, float32): MLA over the paged
 latent cache, interleaved or half-split RoPE, YaRN with DeepSeek's mscale, V2's greedy and
-group-limited softmax routing, V3's sigmoid routing; and the published DeepSeek-V3 plan."""
+group-limited softmax routing, V3's sigmoid routing; and the published DeepSeek-V3 plan. The V3
+cases serve without MTP layers (``num_nextn_predict_layers`` 0, as a transformers save has
+none); V3's MTP layer: ``test_deepseek_mtp.py``."""
 
 from __future__ import annotations
 
@@ -115,6 +117,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "routed_scaling_factor": 2.5,
             "first_k_dense_replace": 1,
             "rope_parameters": yarn(1.0, 0.8),
+            "num_nextn_predict_layers": 0,
         },
     ),
     # V3 with half-split RoPE (rope_interleave false), plain RoPE, no q_lora_rank, every layer
@@ -134,6 +137,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "first_k_dense_replace": 0,
             "rope_theta": 500.0,
             "tie_word_embeddings": True,
+            "num_nextn_predict_layers": 0,
         },
     ),
 }
@@ -220,7 +224,7 @@ def test_yarn_table_and_softmax_scale_equal_transformers(checkpoint: FamilyCheck
     assert yarn_attention_factor(scaling) == pytest.approx(rotary.attention_scaling, rel=1e-12)
 
 
-def test_mtp_layers_in_the_checkpoint_are_skipped(tmp_path: Path) -> None:
+def test_mtp_layers_beyond_num_nextn_predict_layers_are_skipped(tmp_path: Path) -> None:
     model_type, kwargs = CASES["v3-noaux-yarn"]
     save_tiny_deepseek(tmp_path, model_type, **SMALL, **kwargs)
     file = tmp_path / "model.safetensors"
@@ -233,9 +237,10 @@ def test_mtp_layers_in_the_checkpoint_are_skipped(tmp_path: Path) -> None:
     tensors[mtp + "eh_proj.weight"] = torch.zeros(SMALL["hidden_size"], 2 * SMALL["hidden_size"])
     save_file(tensors, file, metadata={"format": "pt"})
     config = model_config_from_hf_file(tmp_path)
-    assert config.mtp is not None
+    assert config.mtp is None
     model = load_safetensors_model(tmp_path, config, LoadOptions(device="cpu"))
     assert len(model.model.layers) == num_layers
+    assert model.num_mtp_layers == 0
 
 
 def test_v2_norm_topk_prob_is_refused() -> None:
@@ -262,7 +267,17 @@ def test_the_published_deepseek_v3_plan_equals_transformers() -> None:
     # parameters and 14,848 correction-bias entries (58 sparse layers x 256 experts).
     assert stack + counts.layers_fp32 == 671_026_419_200
     assert counts.layers_fp32 == 58 * 256 * (7168 + 1)
-    assert counts.mtp == 0
+    # The MTP layer: a sparse layer (its router and bias float32) plus enorm, hnorm,
+    # shared_head.norm and eh_proj (7168, 14336). With its copies of the embedding and head
+    # (not loaded) the checkpoint holds 685B parameters, as its model card says.
+    assert config.mtp is not None
+    assert config.mtp.mlp_layer_types == ("sparse",)
+    assert counts.mtp_fp32 == 256 * (7168 + 1)
+    assert counts.mtp + counts.mtp_fp32 == 11_610_068_224
+    copies = 2 * 129_280 * 7168
+    assert (
+        abs((stack + counts.layers_fp32 + counts.mtp + counts.mtp_fp32 + copies) / 685e9 - 1) < 1e-3
+    )
     # 61 layers x (512 latent + 64 RoPE key), one row per token for all 128 heads.
     specs = cache_specs(config, indexer_paged=True)
     assert specs == (MlaLatentSpec(kv_lora_rank=512, qk_rope_head_dim=64),) * 61

@@ -10,6 +10,7 @@ from __future__ import annotations
 from metrale_testing.checkpoints import (
     randomize_weights,
     save_random_model,
+    save_tiny_deepseek_v3,
     save_tiny_glm4_moe,
     save_tiny_llama,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "paged_greedy",
     "randomize_weights",
     "save_random_model",
+    "save_tiny_deepseek_v3",
     "save_tiny_glm4_moe",
     "save_tiny_llama",
     "serve_app_in_thread",

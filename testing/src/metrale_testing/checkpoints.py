@@ -76,6 +76,21 @@ def save_tiny_glm4_moe(path: Path, seed: int = 0, **kwargs: Any) -> Any:
     return hf_model
 
 
+def save_tiny_deepseek_v3(path: Path, seed: int = 0, **kwargs: Any) -> Any:
+    """Save a random ``DeepseekV3ForCausalLM`` (parameters and correction biases) plus random
+    MTP layers named as DeepSeek-V3 names them; returns the transformers model."""
+    import torch
+    import transformers
+
+    config = transformers.DeepseekV3Config(**kwargs)
+    hf_model = transformers.DeepseekV3ForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    randomize_weights(hf_model, generator, buffers=True)
+    hf_model.save_pretrained(path, safe_serialization=True)
+    add_mtp_layers(path, hf_model.config, generator)
+    return hf_model
+
+
 def randomize_weights(model: Any, generator: torch.Generator, *, buffers: bool = False) -> None:
     """Draw every parameter of a transformers ``model`` anew (with ``buffers``, every buffer
     too, such as MoE correction biases, but the RoPE tables) in ``named_parameters`` order:

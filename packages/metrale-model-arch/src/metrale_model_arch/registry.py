@@ -88,7 +88,8 @@ GLM4_MOE = Architecture(
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE}),
 )
-# Eager only (MLA over a paged latent, DeepSeek's MoE); V3's MTP layers skipped at load.
+# Eager only (MLA over a paged latent, DeepSeek's MoE); V3's MTP layers loaded and owned
+# (weights.mtp).
 DEEPSEEK_V2 = Architecture(
     model_type="deepseek_v2",
     module=DeepseekForCausalLM,

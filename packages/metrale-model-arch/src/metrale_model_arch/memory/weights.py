@@ -1,7 +1,7 @@
 """Weight bytes by owner, from the config alone.
 
 Owners are the parts of the model a reader asks about: the token embeddings, the decoder layers, the
-final norm and the LM head, and the MTP layers of a family that loads them (glm4_moe:
+final norm and the LM head, and the MTP layers of a family that loads them (glm4_moe, deepseek_v3:
 ``weights.mtp``, kept for MTP speculation) and the vision tower of a family that loads one
 (glm5_next: ``weights.vision``, at the serve dtype). A head tied to the embeddings is counted once,
 under ``embeddings``. Quantized checkpoints are dequantized at load, so every weight costs its
@@ -64,8 +64,9 @@ __all__ = [
 
 @attrs.frozen(kw_only=True)
 class WeightBytes:
-    """``mtp``: the multi-token-prediction layers a family loads (glm4_moe), ``vision``: its
-    vision tower (glm5_next), else zero; each an owner of ``by_owner`` only when non-zero."""
+    """``mtp``: the multi-token-prediction layers a family loads (glm4_moe, deepseek_v3),
+    ``vision``: its vision tower (glm5_next), else zero; each an owner of ``by_owner`` only
+    when non-zero."""
 
     embeddings: int
     layers: int

@@ -163,7 +163,8 @@ def check_mtp_config(config: ModelConfig) -> None:
     if config.mtp is None:
         raise ValueError(
             f"--speculative-config method mtp: {config.model_type} ({config.source}) has no "
-            "MTP layers (num_nextn_predict_layers is 0); use method ngram or draft_model"
+            "MTP layers (num_nextn_predict_layers is 0, or the model type has none, as "
+            "deepseek_v2); use method ngram or draft_model"
         )
 
 

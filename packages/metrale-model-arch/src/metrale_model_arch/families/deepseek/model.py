@@ -5,85 +5,99 @@ sigmoid scores with a correction bias, group-limited
 (:class:`~metrale_model_arch.families.glm5_next.mlp.GlmMoeBlock`).
 
 A V3 checkpoint's multi-token-prediction layers (``model.layers.{num_hidden_layers + k}``) are
-skipped at load (see :mod:`.mapping`). Eager only, a
+loaded into ``model.mtp_layers`` (:mod:`.mtp`), owned by ``weights.mtp`` in the memory plan;
+MTP speculation runs the first (``forward_mtp``). Eager only, a
 :class:`~metrale_model_arch.families.decoder_stack.DecoderStack`: no layer here is a llama layer.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import cast
+
 import torch
+from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
-from metrale_model_arch.families.base import LayerCache
-from metrale_model_arch.families.decoder_stack import (
-    DecoderStack,
-    EagerCausalLM,
-    PreNormDecoderLayer,
-)
-from metrale_model_arch.families.deepseek.attention import MlaAttention
-from metrale_model_arch.families.deepseek.moe import DeepseekV2MoeBlock
-from metrale_model_arch.families.glm5_next.mlp import GlmMoeBlock
-from metrale_model_arch.families.llama import (
-    UNSUPPORTED_FEATURES,
-    LlamaMLP,
-    RMSNorm,
-    check_supported,
-)
+from metrale_model_arch.families.base import LayerCache, LayerState
+from metrale_model_arch.families.decoder_stack import DecoderStack, EagerCausalLM
+from metrale_model_arch.families.deepseek.decoder_layer import DEEPSEEK_V2, DeepseekDecoderLayer
+from metrale_model_arch.families.deepseek.mtp import DeepseekMtpLayer
+from metrale_model_arch.families.llama import UNSUPPORTED_FEATURES, RMSNorm, check_supported
 from metrale_model_arch.families.rotary import rope_or_yarn_cos_sin_table
+from metrale_model_arch.families.row_invariant_layers import head_logits
 
-DEEPSEEK_V2 = "deepseek_v2"
-
-
-class DeepseekDecoderLayer(PreNormDecoderLayer):
-    def __init__(self, config: ModelConfig, is_sparse: bool, backend: KernelBackend) -> None:
-        super().__init__()
-        assert config.mla is not None
-        self.self_attn = MlaAttention(config, config.mla, backend)
-        self.mlp: DeepseekV2MoeBlock | GlmMoeBlock | LlamaMLP
-        if not is_sparse:
-            self.mlp = LlamaMLP(config, backend)
-        elif config.model_type == DEEPSEEK_V2:
-            self.mlp = DeepseekV2MoeBlock(config, require_moe(config), backend)
-        else:
-            self.mlp = GlmMoeBlock(config, require_moe(config), backend)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend)
-
-    def attention(
-        self,
-        normed: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        (latent_cache,) = kv_cache
-        out: torch.Tensor = self.self_attn(normed, positions, cos_sin, latent_cache, metadata)
-        return out
+logger = logging.getLogger("metrale.load")
 
 
-class DeepseekForCausalLM(EagerCausalLM):
-    """Model types ``deepseek_v2`` and ``deepseek_v3`` (see :class:`CausalLM` and this
-    module's docstring)."""
-
-    @staticmethod
-    def check_config(config: ModelConfig) -> None:
-        check_deepseek_config(config)
-
-    def build_model(self) -> DecoderStack:
-        config, backend = self.config, self.backend
+class DeepseekModel(DecoderStack):
+    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
         # cos_sin_cache: (max_seq_len, qk_rope_head_dim), YaRN's with DeepSeek's mscale.
-        return DecoderStack(
+        super().__init__(
             config,
             (
                 DeepseekDecoderLayer(config, kind == SPARSE, backend)
                 for kind in require_moe(config).mlp_layer_types
             ),
             RMSNorm(config.hidden_size, config.rms_norm_eps, backend),
-            rope_or_yarn_cos_sin_table(config, self.max_seq_len),
+            rope_or_yarn_cos_sin_table(config, max_seq_len),
         )
+        mtp_kinds = config.mtp.mlp_layer_types if config.mtp is not None else ()
+        self.mtp_layers = nn.ModuleList(
+            DeepseekMtpLayer(config, kind == SPARSE, backend) for kind in mtp_kinds
+        )
+
+
+class DeepseekForCausalLM(EagerCausalLM):
+    """Model types ``deepseek_v2`` and ``deepseek_v3`` (see :class:`CausalLM` and this
+    module's docstring)."""
+
+    model: DeepseekModel
+
+    @staticmethod
+    def check_config(config: ModelConfig) -> None:
+        check_deepseek_config(config)
+
+    def build_model(self) -> DeepseekModel:
+        model = DeepseekModel(self.config, self.max_seq_len, self.backend)
+        if len(model.mtp_layers):
+            logger.info(
+                "%s: %d MTP layer(s) loaded (weights.mtp) for MTP speculation",
+                self.config.model_type,
+                len(model.mtp_layers),
+            )
+        return model
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return len(self.model.mtp_layers)
+
+    def forward_mtp(
+        self,
+        input_ids: torch.Tensor,
+        previous_hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: LayerCache,
+        metadata: AttentionMetadata,
+        state: LayerState = (),
+    ) -> torch.Tensor:
+        del state  # an MLA layer keeps nothing per sequence
+        embeds = self.model.embed_tokens(input_ids)
+        cos_sin = self.model.cos_sin_cache
+        return self._mtp_layer.forward_mtp(
+            embeds, previous_hidden, positions, cos_sin, kv_cache, metadata
+        )
+
+    def compute_mtp_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return head_logits(self.lm_head, self._mtp_layer.shared_head.norm(hidden), out)
+
+    @property
+    def _mtp_layer(self) -> DeepseekMtpLayer:
+        return cast("DeepseekMtpLayer", self.model.mtp_layers[0])
 
 
 def check_deepseek_config(config: ModelConfig) -> None:
@@ -97,3 +111,9 @@ def check_deepseek_config(config: ModelConfig) -> None:
     if config.model_type == DEEPSEEK_V2 and moe.norm_topk_prob:
         # transformers' DeepseekV2 ignores it; no published V2 config sets it.
         raise ValueError(f"{config.source}: deepseek_v2 with norm_topk_prob is not supported")
+    mtp = config.mtp
+    if mtp is not None and len(mtp.mlp_layer_types) != mtp.num_layers:
+        raise ValueError(
+            f"{config.source}: {mtp.num_layers} MTP layers but {len(mtp.mlp_layer_types)} "
+            "MTP MLP kinds"
+        )

@@ -19,7 +19,7 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.families.base import LayerCache
-from metrale_model_arch.families.deepseek.model_layer import DeepseekDecoderLayer
+from metrale_model_arch.families.deepseek.decoder_layer import DeepseekDecoderLayer
 from metrale_model_arch.families.llama import RMSNorm
 
 
