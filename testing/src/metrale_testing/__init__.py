@@ -7,6 +7,12 @@ plugin loads in every test session, metrale-config's included, without torch bei
 
 from __future__ import annotations
 
+from metrale_testing.chains import (
+    chain_patterns,
+    save_byte_tokenizer,
+    successor_cycles,
+    two_sample_p_value,
+)
 from metrale_testing.checkpoints import (
     randomize_weights,
     save_random_model,
@@ -22,9 +28,11 @@ from metrale_testing.session import build_native_ops_first, stay_eager
 __all__ = [
     "add_glm5_mtp_layer",
     "build_native_ops_first",
+    "chain_patterns",
     "free_port",
     "paged_greedy",
     "randomize_weights",
+    "save_byte_tokenizer",
     "save_random_model",
     "save_tiny_deepseek_v3",
     "save_tiny_glm4_moe",
@@ -33,5 +41,7 @@ __all__ = [
     "serve_http_handler",
     "served",
     "stay_eager",
+    "successor_cycles",
     "transformers_greedy",
+    "two_sample_p_value",
 ]

@@ -6,23 +6,25 @@ cycle; its attention and MLP, scaled down, still move the logits with the contex
 prompt walks a cycle more than twice, so the n-gram proposer drafts the chain and the target
 keeps most drafts, several per step. Over many seeds, the first tokens sampled with
 speculation must follow the same distribution as without it, by a two-sample chi-square test
-on where each sequence follows the chain, where it leaves it for a token of the prompt, and
-where for another: a verifier that checks a draft against another position's distribution, or
+on where each sequence follows the chain, where it skips a token of it, where it leaves it
+for a token of the prompt, and where for another (``metrale_testing.chain_patterns``, shared
+with the MTP test): a verifier that checks a draft against another position's distribution, or
 draws its replacement from another position's, or a runner that hands it the wrong logits rows,
 keeps and replaces other drafts, with other tokens, than the target's distribution does.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
-import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from metrale_testing import (
+    chain_patterns,
+    save_byte_tokenizer,
+    successor_cycles,
+    two_sample_p_value,
+)
 
 from metrale_server import LLM, SamplingParams
 from metrale_server.speculative_config import SpeculativeConfig
@@ -39,30 +41,6 @@ NUM_SEEDS = 500  # per arm
 NUM_TOKENS = 6
 # Significance: a correct engine fails with probability 1e-6 (a priori, for the fixed seeds).
 P_MIN = 1e-6
-MIN_CATEGORY = 10  # patterns seen fewer times in both arms together are pooled
-
-
-def save_byte_tokenizer(path: Path) -> None:
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {"<s>": 0, "</s>": 1, **{byte: 2 + i for i, byte in enumerate(alphabet)}}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True) for t in ("<s>", "</s>")])
-    backend.save(str(path / "tokenizer.json"))
-    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-
-
-def successor_cycles(generator: torch.Generator) -> torch.Tensor:
-    """``successor[token]``: the tokens, shuffled, in cycles of ``CYCLE`` (the last one longer)."""
-    order = torch.randperm(VOCAB, generator=generator)
-    successor = torch.empty(VOCAB, dtype=torch.int64)
-    num_cycles = VOCAB // CYCLE
-    for cycle in range(num_cycles):
-        members = order[cycle * CYCLE : VOCAB if cycle == num_cycles - 1 else (cycle + 1) * CYCLE]
-        successor[members] = members.roll(-1)
-    return successor
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +68,7 @@ def chain_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[in
     model = transformers.LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(0)
     embeddings = torch.randn(VOCAB, HIDDEN, generator=generator)
-    successor = successor_cycles(generator)
+    successor = successor_cycles(VOCAB, CYCLE, generator)
     predecessor = torch.empty_like(successor)
     predecessor[successor] = torch.arange(VOCAB)
     with torch.no_grad():
@@ -109,55 +87,13 @@ def chain_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[in
     return path, prompt, successor.tolist()
 
 
-def chain_patterns(
-    llm: LLM, prompt: list[int], successor: list[int], seeds: Sequence[int]
-) -> collections.Counter[tuple[str, ...]]:
-    """Over ``seeds``: how often each pattern came out of where token j is its predecessor's
-    successor ("chain"), else a token of the prompt ("prompt"), else any other ("other")
-    (the first token's predecessor: the prompt's last)."""
-    params = [
+def sampled(seeds: range) -> list[SamplingParams]:
+    return [
         SamplingParams(
             temperature=1.0, top_p=0.95, max_tokens=NUM_TOKENS, ignore_eos=True, seed=seed
         )
         for seed in seeds
     ]
-    outputs = llm.generate([{"prompt_token_ids": prompt}] * len(seeds), params)
-    in_prompt = set(prompt)
-    patterns: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for output in outputs:
-        tokens = [prompt[-1], *output.outputs[0].token_ids]
-        assert len(tokens) == 1 + NUM_TOKENS
-        patterns[
-            tuple(
-                "chain" if successor[a] == b else "prompt" if b in in_prompt else "other"
-                for a, b in itertools.pairwise(tokens)
-            )
-        ] += 1
-    return patterns
-
-
-def two_sample_p_value(
-    first: collections.Counter[tuple[str, ...]], second: collections.Counter[tuple[str, ...]]
-) -> float:
-    """Chi-square test of homogeneity of two equal-sized samples; the categories seen fewer
-    than ``MIN_CATEGORY`` times in both together are pooled into one."""
-    both = first + second
-    kept = sorted(s for s, count in both.items() if count >= MIN_CATEGORY)
-    table = torch.tensor(
-        [
-            [*(sample[s] for s in kept), sum(sample.values()) - sum(sample[s] for s in kept)]
-            for sample in (first, second)
-        ],
-        dtype=torch.float64,
-    )
-    # The pool too, if it is as rare (the test then compares the samples given the others:
-    # still the same distribution under the null hypothesis); every expected count is >= 5.
-    table = table[:, table.sum(0) >= MIN_CATEGORY]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    statistic = ((table - expected) ** 2 / expected).sum()
-    degrees = table.shape[1] - 1
-    assert degrees >= 5, table  # enough categories for the test to say something
-    return float(torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2))
 
 
 def test_speculation_keeps_the_sampled_distribution(
@@ -172,8 +108,10 @@ def test_speculation_keeps_the_sampled_distribution(
         speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=4),
     )
     # Disjoint seeds: the two samples are independent.
-    without = chain_patterns(plain, prompt, successor, range(NUM_SEEDS))
-    with_drafts = chain_patterns(speculative, prompt, successor, range(NUM_SEEDS, 2 * NUM_SEEDS))
+    without = chain_patterns(plain, prompt, successor, sampled(range(NUM_SEEDS)))
+    with_drafts = chain_patterns(
+        speculative, prompt, successor, sampled(range(NUM_SEEDS, 2 * NUM_SEEDS))
+    )
     p_value = two_sample_p_value(without, with_drafts)
     assert p_value > P_MIN, (p_value, without.most_common(5), with_drafts.most_common(5))
     stats = speculative.engine.stats
