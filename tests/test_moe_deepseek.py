@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from metrale_testing import save_random_model
 from metrale_testing.engine_parity import (
+    MTP_SPECULATION,
     EngineGreedyChecks,
     assert_ledger_equals_plan,
     met_memory_plan,
@@ -94,7 +95,10 @@ def test_ledger_equals_plan_with_the_latent_pool(model_dir: Path, dtype: str) ->
 
 
 def test_met_memory_of_the_published_deepseek_v3_config() -> None:
-    plan = met_memory_plan(DEEPSEEK_V3_CONFIG, device_memory_gib=1600)
+    # Its MTP layer is loaded, and planned, only to speculate with it.
+    without = met_memory_plan(DEEPSEEK_V3_CONFIG, device_memory_gib=1600)["by_owner"]
+    assert MTP not in without
+    plan = met_memory_plan(DEEPSEEK_V3_CONFIG, 1600, "--speculative-config", MTP_SPECULATION)
     assert plan["model_type"] == "deepseek_v3"
     owners = plan["by_owner"]
     weights = plan_weight_bytes(plan)

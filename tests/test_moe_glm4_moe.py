@@ -10,6 +10,7 @@ import pytest
 import torch
 from metrale_testing import randomize_weights
 from metrale_testing.engine_parity import (
+    MTP_SPECULATION,
     EngineGreedyChecks,
     assert_ledger_equals_plan,
     met_memory_plan,
@@ -111,7 +112,10 @@ def test_ledger_equals_plan_with_the_mtp_owner(model_dir: Path, dtype: str) -> N
 
 
 def test_met_memory_of_the_published_glm_4_5_config() -> None:
-    plan = met_memory_plan(GLM_4_5_CONFIG, device_memory_gib=1200)
+    # Its MTP layer is loaded, and planned, only to speculate with it.
+    without = met_memory_plan(GLM_4_5_CONFIG, device_memory_gib=1200)["by_owner"]
+    assert MTP not in without
+    plan = met_memory_plan(GLM_4_5_CONFIG, 1200, "--speculative-config", MTP_SPECULATION)
     assert plan["model_type"] == "glm4_moe"
     owners = plan["by_owner"]
     weights = plan_weight_bytes(plan)

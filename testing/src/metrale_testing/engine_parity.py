@@ -26,6 +26,7 @@ from safetensors import safe_open
 from metrale_model_arch.memory import MTP
 from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams, build_engine
 from metrale_server.cli.main import main
+from metrale_server.speculative_config import SpeculativeConfig
 
 PROMPTS = (
     "The capital of France is",
@@ -119,7 +120,9 @@ def assert_ledger_equals_plan(
     """An engine on ``path`` at ``dtype`` (2 sequences, 64 tokens a step) whose ledger holds
     exactly its plan's bytes, owner by owner, and whose ``weights.*`` owners hold every saved
     tensor at the serve dtype (float32 where the name contains ``float32_names``), those under
-    ``mtp_prefix`` as ``weights.mtp``; returned for the family's own checks."""
+    ``mtp_prefix`` as ``weights.mtp`` (the engine then speculates with them: it loads them
+    only to); returned for the family's own checks."""
+    speculative = None if mtp_prefix is None else SpeculativeConfig.from_json(MTP_SPECULATION)
     engine = build_engine(
         EngineArgs(
             model=str(path),
@@ -128,6 +131,7 @@ def assert_ledger_equals_plan(
             max_seq_len=max_seq_len,
             max_batch_size=2,
             max_batch_tokens=64,
+            speculative_config=speculative,
         )
     )
     allocated = engine.plan.allocated_by_owner()
@@ -155,11 +159,15 @@ def assert_ledger_equals_plan(
     return engine
 
 
-def met_memory_plan(config: Path, device_memory_gib: int) -> dict[str, Any]:
+MTP_SPECULATION = '{"method": "mtp", "num_speculative_tokens": 1}'
+
+
+def met_memory_plan(config: Path, device_memory_gib: int, *flags: str) -> dict[str, Any]:
     """``met memory --json`` of ``config`` on a CUDA device of ``device_memory_gib`` GiB, 8
-    sequences of 16384 tokens."""
+    sequences of 16384 tokens, and ``flags``."""
     args = ["memory", str(config), "--device", "cuda", "--device-memory-gib"]
     args += [str(device_memory_gib), "--max-batch-size", "8", "--max-seq-len", "16384", "--json"]
+    args += flags
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     plan: dict[str, Any] = json.loads(result.stdout)

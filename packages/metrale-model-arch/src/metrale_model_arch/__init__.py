@@ -23,6 +23,7 @@ from metrale_model_arch.load import (
     LoadedModel,
     headless_config,
     load_model,
+    mtp_free_config,
     read_model_config,
     text_only_config,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "load_gguf_model",
     "load_model",
     "load_safetensors_model",
+    "mtp_free_config",
     "plain_allocator",
     "planned_architecture",
     "planned_tokens_per_image",

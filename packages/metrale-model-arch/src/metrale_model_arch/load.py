@@ -85,16 +85,22 @@ class LoadedModel:
 
 
 def read_model_config(
-    source: ModelSource, *, without_head: bool = False, text_only: bool = False
+    source: ModelSource,
+    *,
+    without_head: bool = False,
+    text_only: bool = False,
+    without_mtp: bool = False,
 ) -> ModelConfig:
     """The config of ``source`` alone (config.json or the GGUF header); no weights are read.
-    ``without_head`` / ``text_only``: as :func:`load_model` builds it without its own head /
-    without its vision tower."""
+    ``without_head`` / ``text_only`` / ``without_mtp``: as :func:`load_model` builds it
+    without its own head / its vision tower / its MTP layers."""
     if source.kind == "gguf":
         return model_config_from_gguf_header(read_gguf_header(source.path))
     config = model_config_from_hf_file(source.path)
     if text_only:
         config = text_only_config(config)
+    if without_mtp:
+        config = mtp_free_config(config)
     return headless_config(config) if without_head else config
 
 
@@ -109,6 +115,12 @@ def text_only_config(config: ModelConfig) -> ModelConfig:
     """``config`` without its vision tower: none is planned, allocated or loaded (a server that
     takes no images does not pay for one)."""
     return attrs.evolve(config, vision=None, siglip_vision=None)
+
+
+def mtp_free_config(config: ModelConfig) -> ModelConfig:
+    """``config`` without its multi-token-prediction layers: none is planned, allocated or
+    loaded (a server that does not speculate with them does not pay for them)."""
+    return attrs.evolve(config, mtp=None)
 
 
 def load_model(
@@ -133,7 +145,10 @@ def load_model(
         )
     else:
         config = read_model_config(
-            source, without_head=options.without_head, text_only=options.text_only
+            source,
+            without_head=options.without_head,
+            text_only=options.text_only,
+            without_mtp=options.without_mtp,
         )
         model = load_safetensors_model(source.path, config, options)
         tokenizer = Tokenizer.from_dir(source.path)

@@ -31,7 +31,8 @@ class LoadOptions:
     ``torch``, ``cupy``) runs the model's ops. ``shard``: load only this rank's part
     (:mod:`~metrale_model_arch.parallel`). ``without_head``: a model that only ever gives hidden
     states (an embedding model) has no head of its own (a GGUF keeps its head). ``text_only``:
-    a checkpoint's vision tower (GLM-5.3's ``model.visual``) is not loaded. Weights and
+    a checkpoint's vision tower (GLM-5.3's ``model.visual``) is not loaded. ``without_mtp``:
+    nor are its multi-token-prediction layers (kept for MTP speculation only). Weights and
     tables are allocated through ``allocator`` (an allocation ledger, in the server);
     ``on_progress(done, total)`` hears of every checkpoint tensor loaded.
     """
@@ -44,6 +45,7 @@ class LoadOptions:
     shard: TensorShard | None = None
     without_head: bool = False
     text_only: bool = False
+    without_mtp: bool = False
     allocator: TensorAllocator = attrs.field(default=plain_allocator, eq=False, repr=False)
     on_progress: ProgressObserver | None = attrs.field(default=None, eq=False, repr=False)
 

@@ -22,7 +22,6 @@ from metrale_model_arch import (
     headless_config,
     read_model_config,
     resolve_model,
-    text_only_config,
 )
 from metrale_model_arch.memory import (
     MemoryPlan,
@@ -39,19 +38,19 @@ from metrale_server.memory.preflight import (
     indexer_paged,
     plan_log_lines,
 )
-from metrale_server.pooling.model_task import engine_text_only, serves_embeddings
+from metrale_server.pooling.model_task import engine_view, serves_embeddings
 
 GIB = 2**30
 
 
 def read_config(model: str | None, engine_args: EngineArgs) -> ModelConfig:
-    """The config ``met serve`` would run: with its vision tower only where the engine takes
-    images (:func:`~metrale_server.pooling.model_task.engine_text_only`)."""
+    """The config ``met serve`` would run (:func:`~metrale_server.pooling.model_task.engine_view`:
+    its vision tower only where the engine takes images, its MTP layers only to speculate)."""
     if model is not None and Path(model).is_file() and Path(model).suffix == ".json":
         config = model_config_from_hf_file(model)
     else:
         config = read_model_config(resolve_model(model))
-    return text_only_config(config) if engine_text_only(engine_args, config) else config
+    return engine_view(engine_args, config)
 
 
 def plan_device(spec: str, device_memory_gib: float | None) -> torch.device:

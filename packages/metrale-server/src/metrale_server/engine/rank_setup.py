@@ -73,7 +73,9 @@ def load_options(
         kernel_backend=args.kernel_backend,
         shard=shard,
         without_head=serves_embeddings(args.task, args.model),
-        text_only=not serves_images(target.config),  # as planned: a tower only to take images
+        # As planned: a tower only to take images, MTP layers only to speculate with them.
+        text_only=not serves_images(target.config),
+        without_mtp=target.config.mtp is None,
         allocator=ledger.allocate,
         on_progress=on_progress,
     )

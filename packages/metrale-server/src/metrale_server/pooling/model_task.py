@@ -14,6 +14,7 @@ from metrale_model_arch import (
     LoadedModel,
     ModelSource,
     Tokenizer,
+    mtp_free_config,
     read_model_config,
     resolve_model,
     serves_images,
@@ -86,11 +87,21 @@ def serves_embeddings(task: str, model: str | None) -> bool:
 
 def engine_model_config(args: EngineArgs) -> ModelConfig:
     """The config the engine runs ``args.model`` with: without its head for an embedding
-    task (:func:`serves_embeddings`); without its vision tower unless the engine takes images
-    (:func:`engine_text_only`)."""
+    task (:func:`serves_embeddings`), and as :func:`engine_view` trims it."""
     without_head = serves_embeddings(args.task, args.model)
     config = read_model_config(resolve_model(args.model), without_head=without_head)
-    return text_only_config(config) if engine_text_only(args, config) else config
+    return engine_view(args, config)
+
+
+def engine_view(args: EngineArgs, config: ModelConfig) -> ModelConfig:
+    """``config`` without the parts the engine would not run: its vision tower unless it
+    takes images (:func:`engine_text_only`), its MTP layers unless it speculates with them."""
+    if engine_text_only(args, config):
+        config = text_only_config(config)
+    speculative = args.speculative_config
+    if speculative is None or not speculative.is_mtp:
+        config = mtp_free_config(config)
+    return config
 
 
 def engine_text_only(args: EngineArgs, config: ModelConfig) -> bool:
