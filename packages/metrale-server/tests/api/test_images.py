@@ -24,7 +24,7 @@ from metrale_model_arch import Tokenizer
 from metrale_model_arch.families.glm5_next.vision.preprocess import preprocess_images
 from metrale_model_arch.families.glm5_next.vision.processor_config import ImageProcessorConfig
 from metrale_model_arch.owners import ENCODER_CACHE, VISION
-from metrale_server import EngineArgs, SamplingParams, build_engine
+from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.prompt_image import place_images
 from metrale_server.image_limits import ImageLimits
 from metrale_server.memory.preflight import plan_engine_memory
@@ -442,3 +442,18 @@ def test_image_urls_are_fetched_only_when_allowed_and_within_the_limits(
     assert too_large.status_code == 400
     assert "--max-image-bytes" in too_large.json()["error"]["message"]
     server.wait_idle()
+
+
+def test_llm_generate_takes_multi_modal_data(vision_dir: Path, reference: Any) -> None:
+    llm = LLM(str(vision_dir), dtype="float32", device="cpu", max_seq_len=256, max_batch_size=2)
+    text = f"<|im_start|>user\nLook: {IMAGE_TOKEN} and {IMAGE_TOKEN}<|im_end|>\n"
+    images = [IMAGES["tall"], IMAGES["gray"]]
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    [output] = llm.generate({"prompt": text, "multi_modal_data": {"image": images}}, params)
+    assert output.error is None
+    token_ids = list(output.prompt_token_ids)
+    assert len(token_ids) > len(llm.engine.loaded.tokenizer.encode(text))
+    expected = transformers_greedy(reference, vision_dir, token_ids, images, NUM_TOKENS)
+    assert list(output.outputs[0].token_ids) == expected
+    with pytest.raises(ValueError, match=r"2 image placeholder\(s\) for 3 image"):
+        llm.generate({"prompt": text, "multi_modal_data": {"image": images[:1] * 3}}, params)

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from metrale_model_arch import ChatTemplateError, ImageEncoder, Tokenizer
+from metrale_model_arch import ChatTemplateError, Tokenizer
 from metrale_server.api.chat_messages import read_messages
 from metrale_server.api.errors import ApiError, bad_request
 from metrale_server.api.fields import Fields, describe, is_int
@@ -21,7 +21,7 @@ from metrale_server.api.sampling import parse_sampling, read_logprobs_count
 from metrale_server.api.structured_fields import StructuredRequest, read_structured_outputs
 from metrale_server.api.tool_fields import ToolRequest, read_tool_request
 from metrale_server.engine.client import EngineClient
-from metrale_server.engine.prompt_image import PromptImage, locate_images, place_images
+from metrale_server.engine.prompt_image import PromptImage, images_in_prompt
 from metrale_server.image_limits import ImageLimits
 from metrale_server.parsers import SPECIAL_TOKEN_FORMATS
 from metrale_server.sampling.params import SamplingParams
@@ -332,37 +332,20 @@ def read_chat_prompt(
     encoder = engine.image_encoder
     sources: list[ImageSource] | None = [] if encoder is not None else None
     text = render_chat_prompt(engine, fields, tools=tools, images=sources)
-    if sources and encoder is not None and encoder.text_expansion is not None:
-        text = _expand_images_in_text(text, encoder, len(sources))
     check_prompt_text(fields, "messages", text, engine, contexts=contexts)
-    token_ids = tuple(engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def tokenize(text: str) -> list[int]:
+        return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
     if not sources or encoder is None:
-        return ChatPrompt(text=text, token_ids=token_ids)
+        return ChatPrompt(text=text, token_ids=tuple(tokenize(text)))
     max_images = engine.info.images_per_prompt
     prepared = prepare_images(sources, encoder, limits, max_images=max_images)
     try:
-        if encoder.text_expansion is not None:
-            placed = locate_images(token_ids, encoder.image_token_id, prepared)
-        else:
-            token_ids, placed = place_images(token_ids, encoder.image_token_id, prepared)
+        token_ids, placed = images_in_prompt(encoder, tokenize, text, prepared)
     except ValueError as error:
         raise bad_request(
-            f"{error}: the chat template must place one image token per image part",
+            f"{error}: the chat template must place one image marker per image part",
             param="messages",
         ) from error
     return ChatPrompt(text=text, token_ids=token_ids, images=placed)
-
-
-def _expand_images_in_text(text: str, encoder: ImageEncoder, num_images: int) -> str:
-    """What the model's processor makes of the template's image markers (Gemma 3's
-    ``<start_of_image>``): each replaced by the image's whole token text."""
-    marker, expansion = encoder.placeholder_text, encoder.text_expansion
-    assert marker is not None
-    assert expansion is not None
-    count = text.count(marker)
-    if count != num_images:
-        raise bad_request(
-            f"the chat template wrote {count} image marker(s) for {num_images} image(s)",
-            param="messages",
-        )
-    return text.replace(marker, expansion)

@@ -7,10 +7,12 @@ from typing import Any
 
 import attrs
 
+from metrale_model_arch import ImageEncoder, PreparedImage
 from metrale_server.args import EngineArgs
 from metrale_server.engine.bootstrap import build_engine
 from metrale_server.engine.core import RequestError
 from metrale_server.engine.engine import Engine
+from metrale_server.engine.prompt_image import PromptImage, images_in_prompt
 from metrale_server.output.outputs import RequestOutput
 from metrale_server.output.processor import RequestOutputKind
 from metrale_server.pooling.model_task import TaskName
@@ -57,9 +59,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """One finished output per prompt, in order.
 
-        A prompt is a string, ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``. A prompt
-        the engine refuses (e.g. it could never fit) gets an output with ``error`` set; the
-        others still run.
+        A prompt is a string, ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``; as vLLM's,
+        ``{"prompt": str, "multi_modal_data": {"image": image or [images]}}`` carries PIL
+        images, one for each image placeholder the text holds as the model's chat template
+        writes it. A prompt the engine refuses (e.g. it could never fit) gets an output with
+        ``error`` set; the others still run.
         """
         batch = [prompts] if isinstance(prompts, (str, Mapping)) else list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -73,10 +77,15 @@ class LLM:
         for index, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
             request_id = f"llm-{index}"
             order.append(request_id)
-            text, token_ids = self._tokenize(prompt)
+            text, token_ids, images = self._tokenize(prompt)
             try:
                 self.engine.add_request(
-                    request_id, token_ids, params, prompt=text, kind=RequestOutputKind.FINAL_ONLY
+                    request_id,
+                    token_ids,
+                    params,
+                    prompt=text,
+                    kind=RequestOutputKind.FINAL_ONLY,
+                    images=images,
                 )
             except RequestError as error:
                 results[request_id] = RequestOutput(
@@ -122,15 +131,46 @@ class LLM:
             )
         return served.pooling
 
-    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+    def _tokenize(
+        self, prompt: PromptInput
+    ) -> tuple[str | None, Sequence[int], tuple[PromptImage, ...]]:
+        def tokenize(text: str) -> list[int]:
+            return self.engine.loaded.tokenizer.encode(text, add_special_tokens=True)
+
         if isinstance(prompt, str):
-            return prompt, self.engine.loaded.tokenizer.encode(prompt, add_special_tokens=True)
+            return prompt, tokenize(prompt), ()
+        if "multi_modal_data" in prompt:
+            if "prompt" not in prompt:
+                raise ValueError("multi_modal_data goes with a prompt text holding its images")
+            text = str(prompt["prompt"])
+            token_ids, placed = images_in_prompt(
+                self._image_encoder(), tokenize, text, self._prepared_images(prompt)
+            )
+            return text, token_ids, placed
         if "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]], ()
         if "prompt" in prompt:
             text = str(prompt["prompt"])
-            return text, self.engine.loaded.tokenizer.encode(text, add_special_tokens=True)
+            return text, tokenize(text), ()
         raise ValueError("a prompt is a string, {'prompt': str} or {'prompt_token_ids': [...]}")
+
+    def _image_encoder(self) -> ImageEncoder:
+        step = self.engine.core.runner.image_step
+        if step is None:
+            raise ValueError(
+                "multi_modal_data: this model takes no images (no vision tower the engine "
+                "serves, or images_per_prompt=0)"
+            )
+        return step.encoder
+
+    def _prepared_images(self, prompt: Mapping[str, Any]) -> list[PreparedImage]:
+        data = prompt["multi_modal_data"]
+        if not isinstance(data, Mapping) or set(data) != {"image"}:
+            raise ValueError('multi_modal_data: only {"image": image or [images]} is taken')
+        images = data["image"]
+        images = list(images) if isinstance(images, Sequence) else [images]
+        encoder = self._image_encoder()
+        return [encoder.prepare(image) for image in images]
 
 
 def _vectors(outputs: list[RequestOutput]) -> list[tuple[float, ...]]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
-from metrale_model_arch import PreparedImage
+from metrale_model_arch import ImageEncoder, PreparedImage
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -102,3 +102,24 @@ def locate_images(
             f"the prompt has {len(placed)} image token run(s) for {len(images)} images"
         )
     return tuple(placed)
+
+
+def images_in_prompt(
+    encoder: ImageEncoder,
+    tokenize: Callable[[str], Sequence[int]],
+    text: str,
+    images: Sequence[PreparedImage],
+) -> tuple[tuple[int, ...], tuple[PromptImage, ...]]:
+    """A prompt text holding one image placeholder per image (what the model's chat template
+    writes) as token ids with each image's tokens in, and where each image stands: the
+    placeholder token repeated for the image's tokens, or, for a model whose processor expands
+    images in the text (``encoder.text_expansion``), each marker replaced before tokenizing.
+    Raises ``ValueError`` when placeholders and images differ in number."""
+    marker, expansion = encoder.placeholder_text, encoder.text_expansion
+    if marker is None or expansion is None:
+        return place_images(tokenize(text), encoder.image_token_id, images)
+    count = text.count(marker)
+    if count != len(images):
+        raise ValueError(f"the prompt has {count} image marker(s) for {len(images)} image(s)")
+    token_ids = tuple(tokenize(text.replace(marker, expansion)))
+    return token_ids, locate_images(token_ids, encoder.image_token_id, images)
