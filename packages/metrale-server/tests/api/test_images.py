@@ -20,7 +20,6 @@ import pytest
 import torch
 from PIL import Image
 
-from metrale_model_arch import Tokenizer
 from metrale_model_arch.families.glm5_next.vision.preprocess import preprocess_images
 from metrale_model_arch.families.glm5_next.vision.processor_config import ImageProcessorConfig
 from metrale_model_arch.owners import ENCODER_CACHE, VISION
@@ -30,69 +29,14 @@ from metrale_server.image_limits import ImageLimits
 from metrale_server.memory.preflight import plan_engine_memory
 from metrale_server.pooling.model_task import engine_model_config
 
+from ..conftest import IMAGE_TOKEN
+
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
 MODEL = "tiny-glm5-vision"
-IMAGE_TOKEN = "<filename>"  # one of SmolLM2's special tokens: the image placeholder here
 NUM_TOKENS = 16
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
-    "{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'image' %}"
-    + IMAGE_TOKEN
-    + "{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-# The tower's 4-pixel patches: images of a few dozen pixels take 4 to 16 image tokens.
-PROCESSOR = {"patch_size": 4, "min_image_tokens": 4, "max_image_tokens": 16}
-
-
-def save_tiny_glm5_vision(path: Path, tokenizer: Tokenizer) -> Path:
-    linear, indexed = "linear_attention", "indexed_attention"
-    text = transformers.Glm5NextTextConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=96,
-        moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, q_lora_rank=32,
-        kv_lora_rank=16, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
-        index_n_heads=16, index_head_dim=16, index_topk=8, index_kpool=4, linear_num_heads=2,
-        linear_head_dim=16, hc_mult=4, layer_types=[linear, indexed, indexed, linear],
-        mlp_layer_types=["dense", "sparse", "sparse", "dense"],
-        indexer_types=["full", "full", "shared", "full"], max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
-    )  # fmt: skip
-    vision = {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 40,
-              "out_hidden_size": 64, "projection_intermediate_size": 56,
-              "patch_size": 4}  # fmt: skip
-    image_id = tokenizer.encode(IMAGE_TOKEN, add_special_tokens=False)
-    assert len(image_id) == 1
-    config = transformers.Glm5NextConfig(
-        text_config=text.to_dict(),
-        vision_config=vision,
-        image_token_id=image_id[0],
-        video_token_id=image_id[0],
-        video_start_token_id=image_id[0] + 1,
-        video_end_token_id=image_id[0] + 2,
-    )
-    model = transformers.Glm5NextForConditionalGeneration(config).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            noise = torch.randn(tensor.shape, generator=generator)
-            if "norm" in name or name.endswith("_hc.scale"):
-                tensor.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("dt_bias"):
-                tensor.copy_(-3.0 + 0.5 * noise)
-            else:
-                tensor.copy_(0.2 * noise)
-    model.save_pretrained(path)
-    pil_processor = pytest.importorskip(
-        "transformers.models.glm5_next.image_processing_pil_glm5_next"
-    )
-    pil_processor.Glm5NextImageProcessorPil(**PROCESSOR).save_pretrained(path)
-    tokenizer.save(path)
-    (path / "chat_template.jinja").write_text(TEMPLATE)
-    return path
 
 
 def random_image(height: int, width: int, seed: int, mode: str = "RGB") -> Image.Image:
@@ -120,8 +64,8 @@ IMAGES = {
 
 
 @pytest.fixture(scope="module")
-def vision_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer) -> Path:
-    return save_tiny_glm5_vision(tmp_path_factory.mktemp("tiny-glm5-vision"), default_tokenizer)
+def vision_dir(tiny_glm5_vision_dir: Path) -> Path:
+    return tiny_glm5_vision_dir
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,12 @@ from typing import Any
 
 import httpx
 import jsonschema
+import numpy as np
 import pytest
+from metrale_testing import served
+from PIL import Image
 
-from .conftest import API_KEY, MODEL_NAME, metric
+from .conftest import API_KEY, MODEL_NAME, SERVE_FLAGS, metric
 
 # Records every state of the newest reply's text, as the DOM changes.
 WATCH_REPLY = """() => {
@@ -435,3 +438,38 @@ def test_the_key_is_asked_once_and_kept_in_the_tab(browser: Any, keyed_server: A
         keyed.check_origin()
     finally:
         keyed.close()
+
+
+@pytest.fixture(scope="module")
+def vision_server(tiny_glm5_vision_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with served(
+        [str(tiny_glm5_vision_dir), *SERVE_FLAGS, "--max-seq-len", "512"],
+        tmp_path_factory.mktemp("webui-vision"),
+    ) as server:
+        yield server
+
+
+def test_an_attached_image_goes_with_the_message(
+    browser: Any, vision_server: Any, webui_server: Any, tmp_path: Path
+) -> None:
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.full((20, 28, 3), 90, dtype=np.uint8)).save(image)
+    encoded_before = metric(vision_server.base_url, "metrale_mm_images_encoded_total")
+    tab = Tab(browser, vision_server.base_url)
+    page = tab.open()
+    assert page.is_visible("#attach-button")
+    page.set_input_files("#attach", str(image))
+    page.wait_for_selector("#attachments .thumb")
+    tab.settings(max_tokens="4", temperature="0")
+    tab.send("What is in the picture?")
+    assert tab.wait_reply_done().startswith("4 tokens")
+    # The message shows its image, the composer none left, and the server encoded it.
+    assert page.locator(".message.user .thumb").count() == 1
+    assert page.is_hidden("#attachments")
+    assert metric(vision_server.base_url, "metrale_mm_images_encoded_total") == encoded_before + 1
+    tab.check_origin()
+    tab.close()
+    # A model without images offers no attachment.
+    text_only = Tab(browser, webui_server.base_url)
+    assert text_only.open().is_hidden("#attach-button")
+    text_only.close()

@@ -56,6 +56,8 @@ def model_card(state: ServerState) -> dict[str, Any]:
         # where, to anyone who can read this route.
         "root": state.engine.info.source.path.name,
         "max_model_len": state.engine.info.max_seq_len,
+        # What a request's messages may hold (the web page offers images only where listed).
+        "input_modalities": ["text", "image"] if state.engine.info.images_per_prompt else ["text"],
     }
 
 

@@ -32,7 +32,8 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "default-src 'self'",
         "script-src 'self'",
         "style-src 'self'",
-        "img-src 'self'",
+        # data: for the thumbnails of images attached to a message (read from local files).
+        "img-src 'self' data:",
         "connect-src 'self'",
         "object-src 'none'",
         "base-uri 'none'",

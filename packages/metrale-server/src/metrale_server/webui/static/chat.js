@@ -26,6 +26,7 @@ const state = {
   settings: { ...DEFAULT_SETTINGS, ...load(SETTINGS, {}) },
   model: null,
   streaming: null, // { controller, message, view }
+  pendingImages: [], // data URLs attached to the next message
 };
 
 function load(key, fallback) {
@@ -167,7 +168,12 @@ function updateMessageView(view, message) {
     view.reasoning.hidden = false;
     view.reasoningBody.textContent = message.reasoning;
   }
-  if (message.role === "user") view.content.replaceChildren(...message.content.split("\n").flatMap((line, i) => (i ? [el("br"), line] : [line])));
+  if (message.role === "user") {
+    view.content.replaceChildren(...message.content.split("\n").flatMap((line, i) => (i ? [el("br"), line] : [line])));
+    if (message.images?.length) {
+      view.content.append(el("div", { class: "images" }, message.images.map((url, i) => el("img", { class: "thumb", src: url, alt: `image ${i + 1}` }))));
+    }
+  }
   else if (message.isJson) view.content.replaceChildren(el("pre", { class: "json-reply" }, el("code", { text: message.content })));
   else view.content.replaceChildren(renderMarkdown(message.content || ""));
   view.tools.replaceChildren(
@@ -224,7 +230,7 @@ function deleteConversation(id) {
 
 // ---- sending -------------------------------------------------------------------------------
 
-async function send(text) {
+async function send(text, images = []) {
   let options;
   try {
     options = requestOptions();
@@ -234,9 +240,9 @@ async function send(text) {
     return;
   }
   const conversation = current() || newConversation();
-  if (text) {
-    conversation.messages.push({ role: "user", content: text });
-    if (conversation.title === "New chat") conversation.title = text.slice(0, 60);
+  if (text || images.length) {
+    conversation.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+    if (conversation.title === "New chat") conversation.title = (text || "Image").slice(0, 60);
   }
   save();
   renderConversationList();
@@ -248,9 +254,59 @@ function historyOf(conversation) {
   if (state.settings.system.trim()) messages.push({ role: "system", content: state.settings.system });
   for (const message of conversation.messages) {
     if (message.error && !message.content) continue;
-    messages.push({ role: message.role, content: message.content || "" });
+    messages.push({ role: message.role, content: contentOf(message) });
   }
   return messages;
+}
+
+// A user message with images is text and image_url parts (data URLs), in that order.
+function contentOf(message) {
+  if (!message.images?.length) return message.content || "";
+  const parts = message.content ? [{ type: "text", text: message.content }] : [];
+  return parts.concat(message.images.map((url) => ({ type: "image_url", image_url: { url } })));
+}
+
+// ---- attached images -----------------------------------------------------------------------
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attachFiles(files) {
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) continue;
+    state.pendingImages.push(await readAsDataUrl(file));
+  }
+  renderAttachments();
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.hidden = !state.pendingImages.length;
+  box.replaceChildren(
+    ...state.pendingImages.map((url, index) =>
+      el(
+        "div",
+        { class: "attachment" },
+        el("img", { class: "thumb", src: url, alt: `attached image ${index + 1}` }),
+        el("button", {
+          type: "button",
+          class: "remove-attachment",
+          "aria-label": "Remove image",
+          text: "×",
+          onclick: () => {
+            state.pendingImages.splice(index, 1);
+            renderAttachments();
+          },
+        }),
+      ),
+    ),
+  );
 }
 
 async function streamReply(conversation, options) {
@@ -422,10 +478,13 @@ function submitPrompt() {
   if (state.streaming) return;
   const prompt = $("prompt");
   const text = prompt.value.trim();
-  if (!text) return;
+  const images = state.pendingImages;
+  if (!text && !images.length) return;
   prompt.value = "";
+  state.pendingImages = [];
+  renderAttachments();
   growPrompt();
-  send(text);
+  send(text, images);
 }
 
 function wire() {
@@ -440,6 +499,11 @@ function wire() {
     }
   });
   $("prompt").addEventListener("input", growPrompt);
+  $("attach-button").addEventListener("click", () => $("attach").click());
+  $("attach").addEventListener("change", async (event) => {
+    await attachFiles([...event.target.files]);
+    event.target.value = "";
+  });
   $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", () => {
     if (state.streaming) stop();
@@ -477,6 +541,8 @@ async function loadModel() {
   try {
     const models = await apiJson("v1/models");
     state.model = models.data?.[0]?.id || null;
+    // Images only to a model that takes them (the model card says so).
+    $("attach-button").hidden = !(models.data?.[0]?.input_modalities || []).includes("image");
     $("model-name").textContent = state.model || "";
     document.body.dataset.ready = "true";
     renderMessages();
