@@ -20,7 +20,7 @@ from metrale_server.engine.distributed.rank_memory import RankMemory
 from metrale_server.engine.distributed.tensor_parallel import TensorParallelGroup
 from metrale_server.engine.layer_compiler import LayerCompiler
 from metrale_server.engine.model_runner import ModelRunner
-from metrale_server.engine.prompt_image import PromptImage, check_placed
+from metrale_server.engine.prompt_image import PromptImage
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence, SequenceStatus
@@ -115,6 +115,9 @@ class EngineCore:
         # in blocks (linear attention, a flat indexer) would start from nothing: off for such
         # models (the boot log says so).
         self.has_sequence_state = bool(self.runner.seq_states.allocations)
+        step = self.runner.image_step
+        # Each image prefilled within one step (Gemma 3's image tokens attend to each other).
+        self._has_whole_images = step is not None and step.encoder.whole_images
         self.prefix_caching = (
             self.args.enable_prefix_caching
             and not self.has_sequence_state
@@ -222,39 +225,27 @@ class EngineCore:
         if step is None:
             return None
         try:
-            return step.encoder.rope_positions(prompt, [placed.image for placed in images])
+            return step.rope_positions(prompt, images)
         except ValueError as error:
             raise RequestError(str(error)) from error
 
     def check_images(self, prompt: tuple[int, ...], images: SequenceOf[PromptImage]) -> None:
-        """``RequestError`` unless ``images`` stand exactly on the prompt's image tokens, and
-        the engine takes that many (a text-only engine takes none)."""
+        """``RequestError`` unless the engine takes ``images`` for ``prompt``
+        (:meth:`~metrale_server.engine.image_step.ImageStep.check`; a text-only engine none)."""
         step = self.runner.image_step
         if step is None:
             if images:
                 raise RequestError(f"{self.loaded.config.model_type}: this server takes no images")
             return
-        if len(images) > self.args.images_per_prompt:
-            raise RequestError(
-                f"the request has {len(images)} images; this server takes at most "
-                f"{self.args.images_per_prompt} (met serve --limit-mm-per-prompt)"
-            )
         try:
-            check_placed(prompt, step.encoder.image_token_id, images)
+            step.check(
+                prompt,
+                images,
+                images_per_prompt=self.args.images_per_prompt,
+                max_batch_tokens=self.args.max_batch_tokens,
+            )
         except ValueError as error:
             raise RequestError(str(error)) from error
-        # With its begin and end markers, which share its step.
-        largest = max((placed.image.num_tokens + 2 for placed in images), default=0)
-        if step.encoder.whole_images and largest > self.args.max_batch_tokens:
-            raise RequestError(
-                f"an image takes {largest} tokens with its markers, which this model prefills in "
-                f"one step: more than the step's {self.args.max_batch_tokens} "
-                "(met serve --max-prefill-tokens)"
-            )
-
-    def _whole_images(self, request: EngineCoreRequest) -> bool:
-        step = self.runner.image_step
-        return bool(request.images) and step is not None and step.encoder.whole_images
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a checked request (:meth:`make_request`); ``RequestError`` when its id is
@@ -277,7 +268,7 @@ class EngineCore:
                 ),
                 grammar=None if request.grammar is None else request.grammar.matcher(),
                 images=request.images,
-                whole_images=self._whole_images(request),
+                whole_images=bool(request.images) and self._has_whole_images,
                 rope_positions=request.rope_positions,
             )
             for index in range(params.n)

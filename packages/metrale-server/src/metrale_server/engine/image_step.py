@@ -11,14 +11,14 @@ it was dropped meanwhile: the output is the same).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import attrs
 import torch
 
-from metrale_model_arch import ImageEncoder, PreparedImage
+from metrale_model_arch import ImageEncoder, PreparedImage, PromptPositions
 from metrale_server.engine.encoder_cache import EncoderCache
-from metrale_server.engine.prompt_image import PromptImage
+from metrale_server.engine.prompt_image import PromptImage, check_placed
 from metrale_server.engine.scheduler_step import SchedulerStep
 
 
@@ -48,6 +48,37 @@ class ImageStep:
         self.cache = cache
         self.batch_tokens = batch_tokens
         self.counters = EncoderCounters()
+
+    def check(
+        self,
+        prompt: Sequence[int],
+        images: Sequence[PromptImage],
+        *,
+        images_per_prompt: int,
+        max_batch_tokens: int,
+    ) -> None:
+        """``ValueError`` unless ``images`` stand exactly on ``prompt``'s image tokens, number
+        at most ``images_per_prompt``, and (a model prefilling each image within one step) each
+        fits a step of ``max_batch_tokens`` with its begin and end markers."""
+        if len(images) > images_per_prompt:
+            raise ValueError(
+                f"the request has {len(images)} images; this server takes at most "
+                f"{images_per_prompt} (met serve --limit-mm-per-prompt)"
+            )
+        check_placed(prompt, self.encoder.image_token_id, images)
+        largest = max((placed.image.num_tokens + 2 for placed in images), default=0)
+        if self.encoder.whole_images and largest > max_batch_tokens:
+            raise ValueError(
+                f"an image takes {largest} tokens with its markers, which this model prefills in "
+                f"one step: more than the step's {max_batch_tokens} (met serve "
+                "--max-prefill-tokens)"
+            )
+
+    def rope_positions(
+        self, prompt: Sequence[int], images: Sequence[PromptImage]
+    ) -> PromptPositions | None:
+        """The prompt's M-RoPE positions, or ``None`` where they are its token indices."""
+        return self.encoder.rope_positions(prompt, [placed.image for placed in images])
 
     def input_embeds(self, step: SchedulerStep, input_ids: torch.Tensor) -> torch.Tensor | None:
         """``(tokens, hidden)`` for the step's ``input_ids``, or ``None`` when it reaches no
