@@ -6,12 +6,10 @@ models without MTP layers refused naming the flag."""
 
 from __future__ import annotations
 
-import collections
 import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from metrale_model_arch.memory import DRAFT_KV_POOL, KV_POOL, MTP
 from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
@@ -78,51 +76,16 @@ def test_greedy_is_identical_under_preemption(
     assert proposer.num_free_blocks == 10
 
 
-def rank_patterns(model: LLM, seeds: range) -> collections.Counter[tuple[int, ...]]:
-    """How often each pattern of ranks came out: whether each sampled token (top-2 sampling)
-    was the target's likelier one there (its logprob, as plain decoding reports it)."""
-    prompt = {"prompt_token_ids": [101, 2024, 7, 33000, 512]}
-    params = [
-        SamplingParams(temperature=1.0, top_k=2, max_tokens=5, ignore_eos=True, seed=s, logprobs=1)
-        for s in seeds
-    ]
-    patterns: collections.Counter[tuple[int, ...]] = collections.Counter()
-    for output in model.generate([prompt] * len(seeds), params):
-        completion = output.outputs[0]
-        assert completion.logprobs is not None
-        patterns[
-            tuple(int(entry.top[0][0] != entry.token_id) for entry in completion.logprobs)
-        ] += 1
-    return patterns
-
-
-def test_seeded_sampling_is_reproducible_and_keeps_the_distribution(
-    tiny_glm4_moe_dir: Path,
-) -> None:
-    plain = llm(tiny_glm4_moe_dir, max_batch_size=64)
+def test_seeded_sampling_is_reproducible(tiny_glm4_moe_dir: Path) -> None:
+    """The same seeds give the same tokens again (the distribution: with drafts kept and
+    rejected, ``tests/speculative/test_mtp_sampled_distribution.py``)."""
     speculative = llm(tiny_glm4_moe_dir, max_batch_size=64, speculative_config=MTP_SPEC)
-    seeds = range(400)
     params = SamplingParams(temperature=0.8, top_k=20, max_tokens=17, ignore_eos=True, seed=7, n=2)
     batch = prompts(4, seed=5)
     first = tokens(speculative.generate(batch, params))
     assert first == tokens(speculative.generate(batch, params))
     assert all(len(t) == 17 for t in first)
-    without = rank_patterns(plain, seeds)
-    with_drafts = rank_patterns(speculative, range(400, 800))
-    both = without + with_drafts
-    kept = sorted(p for p, count in both.items() if count >= 10)
-    table = torch.tensor(
-        [[s[p] for p in kept] + [400 - sum(s[p] for p in kept)] for s in (without, with_drafts)],
-        dtype=torch.float64,
-    )
-    table = table[:, table.sum(0) >= 10]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    statistic = ((table - expected) ** 2 / expected).sum()
-    degrees = table.shape[1] - 1
-    assert degrees >= 5, table
-    p_value = float(torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2))
-    assert p_value > 1e-6, (p_value, without.most_common(5), with_drafts.most_common(5))
-    assert speculative.engine.stats.num_draft_tokens > 400
+    assert speculative.engine.stats.num_draft_tokens > 0
 
 
 def test_the_mtp_layer_kv_is_planned_and_charged_to_the_draft_pool(
