@@ -58,7 +58,8 @@ class MlaConfig:
     """Multi-head latent attention: the cache holds ``kv_lora_rank + qk_rope_head_dim`` a token.
 
     ``rope_interleave``: the RoPE dims rotate in adjacent pairs ``(x0, x1), (x2, x3)...``
-    (DeepSeek's layout), not as two halves.
+    (DeepSeek's layout), not as two halves. ``is_rotary`` false: those dims are cached and
+    scored unrotated (Kimi Linear's NoPE MLA), and no RoPE table is kept.
     """
 
     q_lora_rank: int | None
@@ -67,6 +68,7 @@ class MlaConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     rope_interleave: bool = True
+    is_rotary: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -84,12 +86,23 @@ class DsaConfig:
 
 @attrs.frozen(kw_only=True)
 class LinearAttentionConfig:
-    """Linear attention (KDA / GatedDeltaNet) fields: per-sequence recurrent + conv state."""
+    """Linear attention (KDA / GatedDeltaNet) fields: per-sequence recurrent + conv state.
+
+    ``num_heads`` value heads (the state's), each with a ``(head_dim, value_head_dim)`` state;
+    q and k have ``num_key_heads`` heads of ``head_dim``, each shared by ``num_heads //
+    num_key_heads`` value heads (Gated DeltaNet; KDA: both default to the value side's).
+    """
 
     num_heads: int
     head_dim: int
     conv_kernel_dim: int
     lower_bound: float | None = None
+    num_key_heads: int = attrs.field(
+        default=attrs.Factory(lambda self: self.num_heads, takes_self=True)
+    )
+    value_head_dim: int = attrs.field(
+        default=attrs.Factory(lambda self: self.head_dim, takes_self=True)
+    )
 
 
 @attrs.frozen(kw_only=True)

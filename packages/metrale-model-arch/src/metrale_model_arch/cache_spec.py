@@ -178,21 +178,28 @@ class SparseAttentionSpec(LayerCacheSpec):
 
 @attrs.frozen(kw_only=True)
 class LinearAttentionSpec(LayerCacheSpec):
-    """Linear attention (KDA): nothing per token; per sequence a float32 recurrent state
-    ``(heads, head_dim, head_dim)`` and the last ``conv_kernel_dim - 1`` inputs of the short
-    convolution over q, k and v. The pool holds one dummy slot for padded rows."""
+    """Linear attention (KDA, Gated DeltaNet): nothing per token; per sequence a float32
+    recurrent state ``(heads, head_dim, value_head_dim)`` and the last ``conv_kernel_dim - 1``
+    inputs of the short convolution over q, k (``num_key_heads`` heads of ``head_dim`` each) and
+    v (``num_heads`` of ``value_head_dim``). The pool holds one dummy slot for padded rows."""
 
     num_heads: int
     head_dim: int
     conv_kernel_dim: int
+    num_key_heads: int = attrs.field(
+        default=attrs.Factory(lambda self: self.num_heads, takes_self=True)
+    )
+    value_head_dim: int = attrs.field(
+        default=attrs.Factory(lambda self: self.head_dim, takes_self=True)
+    )
 
     def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
         del max_seq_len
-        channels = 3 * self.num_heads * self.head_dim
+        channels = 2 * self.num_key_heads * self.head_dim + self.num_heads * self.value_head_dim
         return (
             StateTensor(
                 role="recurrent",
-                shape=(self.num_heads, self.head_dim, self.head_dim),
+                shape=(self.num_heads, self.head_dim, self.value_head_dim),
                 dtype="float32",
                 owner=LINEAR_STATE_POOL,
                 num_dummy_slots=1,
@@ -245,6 +252,8 @@ def attention_cache_specs(
                     num_heads=linear.num_heads,
                     head_dim=linear.head_dim,
                     conv_kernel_dim=linear.conv_kernel_dim,
+                    num_key_heads=linear.num_key_heads,
+                    value_head_dim=linear.value_head_dim,
                 )
             )
         elif config.mla is not None:

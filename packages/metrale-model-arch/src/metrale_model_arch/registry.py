@@ -14,9 +14,11 @@ from metrale_model_arch.counts.gemma3 import gemma3_param_counts
 from metrale_model_arch.counts.glm4_moe import glm4_moe_param_counts
 from metrale_model_arch.counts.glm5_next import glm5_next_param_counts
 from metrale_model_arch.counts.gpt_oss import gpt_oss_param_counts
+from metrale_model_arch.counts.kimi_linear import kimi_linear_param_counts
 from metrale_model_arch.counts.llama import llama_param_counts
 from metrale_model_arch.counts.moe import mixtral_param_counts, qwen3_moe_param_counts
 from metrale_model_arch.counts.qwen2_5_vl import qwen2_5_vl_param_counts
+from metrale_model_arch.counts.qwen3_next import qwen3_next_param_counts
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.deepseek import DeepseekForCausalLM, deepseek_checkpoint_mapping
 from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
@@ -28,6 +30,10 @@ from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_N
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.gpt_oss import GptOssForCausalLM, gpt_oss_checkpoint_mapping
+from metrale_model_arch.families.kimi_linear import (
+    KimiLinearForCausalLM,
+    kimi_linear_checkpoint_mapping,
+)
 from metrale_model_arch.families.llama import LlamaForCausalLM, llama_checkpoint_mapping
 from metrale_model_arch.families.mixtral import MixtralForCausalLM, mixtral_checkpoint_mapping
 from metrale_model_arch.families.qwen2_5_vl import (
@@ -37,6 +43,10 @@ from metrale_model_arch.families.qwen2_5_vl import (
 from metrale_model_arch.families.qwen3_moe import (
     Qwen3MoeForCausalLM,
     qwen3_moe_checkpoint_mapping,
+)
+from metrale_model_arch.families.qwen3_next import (
+    Qwen3NextForCausalLM,
+    qwen3_next_checkpoint_mapping,
 )
 from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
 from metrale_model_arch.kv_cache_dtype import KvCacheDtype, quantized_kv_specs
@@ -109,6 +119,27 @@ GPT_OSS = Architecture(
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
 )
+# Eager only (KDA state slots beside NoPE MLA over a paged latent, DeepSeek-V3's MoE).
+KIMI_LINEAR = Architecture(
+    model_type="kimi_linear",
+    module=KimiLinearForCausalLM,
+    checkpoint_mapping=kimi_linear_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=kimi_linear_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.MLA, Trait.LINEAR_STATE}),
+)
+# Eager only (Gated DeltaNet state slots beside gated, partially rotary GQA; a gated shared
+# expert).
+QWEN3_NEXT = Architecture(
+    model_type="qwen3_next",
+    module=Qwen3NextForCausalLM,
+    checkpoint_mapping=qwen3_next_checkpoint_mapping,
+    gguf_names=None,
+    param_counts=qwen3_next_param_counts,
+    cache_specs=attention_cache_specs,
+    traits=frozenset({Trait.MOE, Trait.LINEAR_STATE}),
+)
 SLIDING = frozenset({Trait.SLIDING_WINDOW})
 # Eager only, no GGUF, no int8 path (see ``families.dense_variants``).
 DENSE_VARIANT = Architecture(
@@ -162,6 +193,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         DEEPSEEK_V2,
         attrs.evolve(DEEPSEEK_V2, model_type="deepseek_v3"),
         GPT_OSS,
+        KIMI_LINEAR,
+        QWEN3_NEXT,
         GLM5_NEXT,
         attrs.evolve(GLM5_NEXT, model_type="glm5_next_text"),
         GEMMA3,

@@ -12,7 +12,7 @@ LONGROPE = "longrope"
 def rotary_dim(config: ModelConfig) -> int:
     """The leading dims of a head that rotary turns (transformers' ``int(head_dim * factor)``)."""
     if config.mla is not None:
-        return config.mla.qk_rope_head_dim
+        return config.mla.qk_rope_head_dim if config.mla.is_rotary else 0
     return int(config.head_dim * config.partial_rotary_factor)
 
 

@@ -24,10 +24,12 @@ from metrale_config.hf.fp8_quantization import parse_fp8_quantization
 from metrale_config.hf.gemma3 import parse_gemma3
 from metrale_config.hf.glm5_next import parse_glm5_next
 from metrale_config.hf.gpt_oss import parse_gpt_oss
+from metrale_config.hf.kimi_linear import parse_kimi_linear
 from metrale_config.hf.llama_like import parse_llama_like
 from metrale_config.hf.moe import parse_glm4_moe, parse_mixtral, parse_qwen3_moe
 from metrale_config.hf.quantization import parse_int4_quantization
 from metrale_config.hf.qwen2_5_vl import parse_qwen2_5_vl
+from metrale_config.hf.qwen3_next import parse_qwen3_next
 from metrale_config.model_config import ModelConfig
 from metrale_config.validation import validate_model_config
 
@@ -43,6 +45,7 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "glm4_moe": parse_glm4_moe,
     "deepseek_v2": parse_deepseek,
     "deepseek_v3": parse_deepseek,
+    "kimi_linear": parse_kimi_linear,
     "glm5_next": parse_glm5_next,
     "glm5_next_text": parse_glm5_next,
     "olmo2": parse_olmo2,
@@ -54,6 +57,7 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "gemma3_text": parse_gemma3_text,
     "gpt_oss": parse_gpt_oss,
     "qwen2_5_vl": parse_qwen2_5_vl,
+    "qwen3_next": parse_qwen3_next,
 }
 
 

@@ -59,6 +59,9 @@ DEFAULTS = {
     "qwen3_moe": FamilyDefaults(
         max_position_embeddings=32768, num_key_value_heads=4, sliding_window=4096
     ),
+    "qwen3_next": FamilyDefaults(
+        max_position_embeddings=32768, head_dim=256, num_key_value_heads=2
+    ),
     "mixtral": FamilyDefaults(
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,

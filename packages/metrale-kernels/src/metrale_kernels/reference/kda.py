@@ -1,9 +1,10 @@
 """Reference Kimi Delta Attention (KDA): the short causal conv and the gated delta recurrence.
 
-One sequence at a time (prefill) or one token for each of a batch of sequences (decode); heads
-have one dim ``d`` for keys and values. All arithmetic is float32, as is the recurrent state
-``(heads, d, d)``: key dim first, value dim second. Inputs are never modified, except the
-``states`` that :func:`kda_decode_step` updates in place.
+One sequence at a time (prefill) or one token for each of a batch of sequences (decode). All
+arithmetic is float32, as is the recurrent state ``(heads, d, d_v)``: key dim first, value dim
+second (``d_v`` is ``d`` for KDA). The log-decay ``g`` is per channel of the key dim ``(..., d)``
+(KDA) or per head, ``(..., 1)`` broadcast over it (Gated DeltaNet, Qwen3-Next). Inputs are
+never modified, except the ``states`` that :func:`kda_decode_step` updates in place.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def _delta_step(
 ) -> torch.Tensor:
     """One token of the recurrence for any leading batch shape ``(*b)``, float32 inputs.
 
-    ``q, k, v, g (*b, d)``, ``beta (*b)``, ``state (*b, d, d)`` updated in place. Returns
-    ``o (*b, d)``.
+    ``q, k (*b, d)``, ``v (*b, d_v)``, ``g (*b, d)`` or ``(*b, 1)``, ``beta (*b)``, ``state
+    (*b, d, d_v)`` updated in place. Returns ``o (*b, d_v)``.
     """
     state.mul_(g.exp().unsqueeze(-1))
     predicted = (k.unsqueeze(-2) @ state).squeeze(-2)
@@ -165,7 +166,7 @@ def kda_chunked(
         system.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         rhs = torch.cat([beta_c * v_c, beta_c * k_c * gamma.exp()], dim=-1)
         solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        u, w = solved.split(dim, dim=-1)
+        u, w = solved.split([dim, k_c.shape[-1]], dim=-1)
         new_values = u - w @ state
         attended = (q_c * gamma.exp()) @ state + query_key @ new_values
         out[span] = attended.transpose(0, 1)

@@ -102,16 +102,22 @@ class VariantAttention(LlamaAttention):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None and self.qk_norm_per_head:
             q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotate(q, k, positions, cos_sin)
+        return q, k, v
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE over the leading ``rotary_dim`` dims of each head of ``q`` and ``k``."""
         if not self.uses_rope:
-            return q, k, v
+            return q, k
         dim = self.rotary_dim
         if dim == self.head_dim:
-            q, k = self.backend.apply_rotary(q, k, positions, cos_sin)
-            return q, k, v
+            return self.backend.apply_rotary(q, k, positions, cos_sin)
         q_rot, k_rot = self.backend.apply_rotary(
             q[..., :dim].contiguous(), k[..., :dim].contiguous(), positions, cos_sin
         )
-        return torch.cat((q_rot, q[..., dim:]), -1), torch.cat((k_rot, k[..., dim:]), -1), v
+        return torch.cat((q_rot, q[..., dim:]), -1), torch.cat((k_rot, k[..., dim:]), -1)
 
     def attend(
         self,

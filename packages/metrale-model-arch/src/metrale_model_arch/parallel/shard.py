@@ -93,7 +93,11 @@ def shard_config(config: ModelConfig, world_size: int) -> ModelConfig:
             ),
         )
     if linear is not None:
-        linear = attrs.evolve(linear, num_heads=linear.num_heads // world_size)
+        linear = attrs.evolve(
+            linear,
+            num_heads=linear.num_heads // world_size,
+            num_key_heads=linear.num_key_heads // world_size,
+        )
     return attrs.evolve(
         config,
         num_attention_heads=config.num_attention_heads // world_size,

@@ -15,6 +15,8 @@ pairs, and scores see q and k in the same order.
 DeepSeek's YaRN (the table: :func:`~metrale_model_arch.families.rotary.
 rope_or_yarn_cos_sin_table`) also scales the softmax by ``mscale(factor, mscale_all_dim) ** 2``,
 on every dim, RoPE or not (:func:`mla_softmax_scale`).
+
+Kimi Linear's MLA (``MlaConfig.is_rotary`` false) caches and scores its RoPE dims unrotated.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.families.latent_attention import LatentExpansion, write_latent
 from metrale_model_arch.families.llama import RMSNorm
 from metrale_model_arch.families.rotary import yarn_mscale
+
+# transformers' q_a_layernorm and kv_a_layernorm take their default eps, not the config's.
+LATENT_NORM_EPS = 1e-6
 
 
 def mla_softmax_scale(config: ModelConfig) -> float:
@@ -47,11 +52,12 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
 class MlaAttention(nn.Module):
     def __init__(self, config: ModelConfig, mla: MlaConfig, backend: KernelBackend) -> None:
         super().__init__()
-        hidden, heads, eps = config.hidden_size, config.num_attention_heads, config.rms_norm_eps
+        hidden, heads, eps = config.hidden_size, config.num_attention_heads, LATENT_NORM_EPS
         self.num_heads = heads
         self.latent_dim, self.rope_dim = mla.kv_lora_rank, mla.qk_rope_head_dim
         self.qk_split = [mla.qk_nope_head_dim, mla.qk_rope_head_dim]
         self.is_interleaved = mla.rope_interleave
+        self.is_rotary = mla.is_rotary
         self.scale = mla_softmax_scale(config)
         self.backend = backend
         q_rows = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
@@ -98,11 +104,13 @@ class MlaAttention(nn.Module):
         latent, k_rope = torch.split(
             self.kv_a_proj_with_mqa(x), [self.latent_dim, self.rope_dim], dim=-1
         )
-        if self.is_interleaved:
-            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
-        # k_rope as (tokens, 1, rope_dim): one key head.
-        q_rope, k_rope = self.backend.apply_rotary(q_rope, k_rope[:, None], positions, cos_sin)
-        rows = torch.cat([self.kv_a_layernorm(latent), k_rope[:, 0]], dim=-1)
+        if self.is_rotary:
+            if self.is_interleaved:
+                q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
+            # k_rope as (tokens, 1, rope_dim): one key head.
+            q_rope, k_rope = self.backend.apply_rotary(q_rope, k_rope[:, None], positions, cos_sin)
+            k_rope = k_rope[:, 0]
+        rows = torch.cat([self.kv_a_layernorm(latent), k_rope], dim=-1)
         write_latent(latent_cache, rows, metadata.slot_mapping)
         queries = torch.cat([self.kv_b_proj.absorb(q_nope), q_rope], dim=-1)
         # (blocks, block_size, 1, latent + rope): the one key head, and its value.

@@ -21,9 +21,16 @@ L2_NORM_EPS = 1e-6
 
 
 class ForgetGate(nn.Module):
-    """Per head and channel log-decay ``g <= 0`` from a rank-``head_dim`` projection."""
+    """Per head and channel log-decay ``g <= 0`` from a rank-``head_dim`` projection.
+    ``A_log`` holds one value a head, in ``a_log_shape`` (a checkpoint's: Kimi Linear's
+    ``(1, 1, heads, 1)``), ``(heads,)`` by default."""
 
-    def __init__(self, hidden_size: int, linear: LinearAttentionConfig) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        linear: LinearAttentionConfig,
+        a_log_shape: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__()
         heads, head_dim = linear.num_heads, linear.head_dim
         self.num_heads, self.head_dim = heads, head_dim
@@ -31,13 +38,13 @@ class ForgetGate(nn.Module):
         self.f_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
         self.f_b_proj = nn.Linear(head_dim, heads * head_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(heads * head_dim))
-        self.A_log = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(a_log_shape or (heads,)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x (tokens, hidden)`` -> ``g (tokens, heads, head_dim)`` float32."""
         f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
         f = f.view(-1, self.num_heads, self.head_dim)
-        rate = self.A_log.float().exp()[:, None]
+        rate = self.A_log.float().exp().view(-1, 1)
         if self.lower_bound is None:
             return -rate * functional.softplus(f)
         return self.lower_bound * torch.sigmoid(rate * f)
@@ -50,6 +57,7 @@ class KdaAttention(nn.Module):
         linear: LinearAttentionConfig,
         rms_norm_eps: float,
         backend: KernelBackend,
+        a_log_shape: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__()
         heads, head_dim = linear.num_heads, linear.head_dim
@@ -62,7 +70,7 @@ class KdaAttention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, width, bias=False)
         # Depthwise, no bias: channels q | k | v, one row of ``conv_kernel_dim`` taps each.
         self.conv1d = nn.Parameter(torch.empty(3 * width, 1, linear.conv_kernel_dim))
-        self.forget_gate = ForgetGate(hidden_size, linear)
+        self.forget_gate = ForgetGate(hidden_size, linear, a_log_shape)
         self.b_proj = nn.Linear(hidden_size, heads, bias=False)
         self.g_a_proj = nn.Linear(hidden_size, head_dim, bias=False)
         self.g_b_proj = nn.Linear(head_dim, width, bias=False)

@@ -71,7 +71,7 @@ def glm5_next_checkpoint_mapping(config: ModelConfig) -> CheckpointMapping:
             if index < num_layers
             else f"model.mtp_layers.{index - num_layers}."
         )
-        return _layer_target(prefix, rest, shape, expert_rows, conv_rows)
+        return layer_target(prefix, rest, shape, expert_rows, conv_rows)
 
     return target
 
@@ -84,9 +84,11 @@ def _vision_target(short: str, shape: tuple[int, ...]) -> TensorTarget:
     return TensorTarget(f"model.visual.{short}")
 
 
-def _layer_target(
+def layer_target(
     prefix: str, rest: str, shape: tuple[int, ...], expert_rows: int, conv_rows: int
 ) -> TensorTarget:
+    """A decoder layer's tensor ``rest`` under ``prefix`` (the module's layer): also Kimi
+    Linear's, whose KDA and MoE share these names."""
     if match := _HC.fullmatch(rest):
         rest = f"{match['which']}_hc.{match['part']}"
     elif match := _EXPERT.fullmatch(rest):

@@ -1,0 +1,6 @@
+"""Qwen3-Next: Gated DeltaNet and gated full attention, MoE with a gated shared expert."""
+
+from metrale_model_arch.families.qwen3_next.mapping import qwen3_next_checkpoint_mapping
+from metrale_model_arch.families.qwen3_next.model import Qwen3NextForCausalLM
+
+__all__ = ["Qwen3NextForCausalLM", "qwen3_next_checkpoint_mapping"]
