@@ -17,9 +17,7 @@ native llama executors.
 
 from __future__ import annotations
 
-import logging
 import re
-from typing import cast
 
 import attrs
 import torch
@@ -28,11 +26,10 @@ from torch import nn
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
-from metrale_model_arch.families.base import LayerCache, LayerState
+from metrale_model_arch.families.base import LayerCache
 from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
 from metrale_model_arch.families.decoder_stack import (
     DecoderStack,
-    EagerCausalLM,
     PreNormDecoderLayer,
 )
 from metrale_model_arch.families.dense_variants import VariantAttention
@@ -44,11 +41,10 @@ from metrale_model_arch.families.llama import (
     check_supported,
 )
 from metrale_model_arch.families.moe import moe_checkpoint_mapping
+from metrale_model_arch.families.mtp_causal_lm import MtpCausalLM, log_mtp_layers
 from metrale_model_arch.families.rotary import rope_cos_sin_table
-from metrale_model_arch.families.row_invariant_layers import head_logits
 
 MTP_LAYERS = "model.mtp_layers"
-logger = logging.getLogger("metrale.load")
 
 
 class Glm4MoeDecoderLayer(PreNormDecoderLayer):
@@ -122,7 +118,7 @@ class Glm4MoeModel(DecoderStack):
         )
 
 
-class Glm4MoeForCausalLM(EagerCausalLM):
+class Glm4MoeForCausalLM(MtpCausalLM):
     """Model type ``glm4_moe`` (see :class:`CausalLM` and this module's docstring)."""
 
     model: Glm4MoeModel
@@ -133,41 +129,8 @@ class Glm4MoeForCausalLM(EagerCausalLM):
 
     def build_model(self) -> Glm4MoeModel:
         model = Glm4MoeModel(self.config, self.max_seq_len, self.backend)
-        if self.config.mtp is not None:
-            logger.info(
-                "glm4_moe: %d MTP layer(s) loaded (weights.mtp) for MTP speculation",
-                self.config.mtp.num_layers,
-            )
+        log_mtp_layers(self.config.model_type, len(model.mtp_layers))
         return model
-
-    @property
-    def num_mtp_layers(self) -> int:
-        return len(self.model.mtp_layers)
-
-    def forward_mtp(
-        self,
-        input_ids: torch.Tensor,
-        previous_hidden: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-        state: LayerState = (),
-    ) -> torch.Tensor:
-        del state  # a GQA layer keeps nothing per sequence
-        embeds = self.model.embed_tokens(input_ids)
-        cos_sin = self.model.cos_sin_cache
-        return self._mtp_layer.forward_mtp(
-            embeds, previous_hidden, positions, cos_sin, kv_cache, metadata
-        )
-
-    def compute_mtp_logits(
-        self, hidden: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return head_logits(self.lm_head, self._mtp_layer.shared_head.norm(hidden), out)
-
-    @property
-    def _mtp_layer(self) -> Glm4MoeMtpLayer:
-        return cast("Glm4MoeMtpLayer", self.model.mtp_layers[0])
 
 
 def check_glm4_moe_config(config: ModelConfig) -> None:

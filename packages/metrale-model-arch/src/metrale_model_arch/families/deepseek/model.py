@@ -12,24 +12,17 @@ MTP speculation runs the first (``forward_mtp``). Eager only, a
 
 from __future__ import annotations
 
-import logging
-from typing import cast
-
-import torch
 from torch import nn
 
 from metrale_config import ModelConfig
-from metrale_kernels import AttentionMetadata, KernelBackend
+from metrale_kernels import KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
-from metrale_model_arch.families.base import LayerCache, LayerState
-from metrale_model_arch.families.decoder_stack import DecoderStack, EagerCausalLM
+from metrale_model_arch.families.decoder_stack import DecoderStack
 from metrale_model_arch.families.deepseek.decoder_layer import DEEPSEEK_V2, DeepseekDecoderLayer
 from metrale_model_arch.families.deepseek.mtp import DeepseekMtpLayer
 from metrale_model_arch.families.llama import UNSUPPORTED_FEATURES, RMSNorm, check_supported
+from metrale_model_arch.families.mtp_causal_lm import MtpCausalLM, log_mtp_layers
 from metrale_model_arch.families.rotary import rope_or_yarn_cos_sin_table
-from metrale_model_arch.families.row_invariant_layers import head_logits
-
-logger = logging.getLogger("metrale.load")
 
 
 class DeepseekModel(DecoderStack):
@@ -50,7 +43,7 @@ class DeepseekModel(DecoderStack):
         )
 
 
-class DeepseekForCausalLM(EagerCausalLM):
+class DeepseekForCausalLM(MtpCausalLM):
     """Model types ``deepseek_v2`` and ``deepseek_v3`` (see :class:`CausalLM` and this
     module's docstring)."""
 
@@ -62,42 +55,8 @@ class DeepseekForCausalLM(EagerCausalLM):
 
     def build_model(self) -> DeepseekModel:
         model = DeepseekModel(self.config, self.max_seq_len, self.backend)
-        if len(model.mtp_layers):
-            logger.info(
-                "%s: %d MTP layer(s) loaded (weights.mtp) for MTP speculation",
-                self.config.model_type,
-                len(model.mtp_layers),
-            )
+        log_mtp_layers(self.config.model_type, len(model.mtp_layers))
         return model
-
-    @property
-    def num_mtp_layers(self) -> int:
-        return len(self.model.mtp_layers)
-
-    def forward_mtp(
-        self,
-        input_ids: torch.Tensor,
-        previous_hidden: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-        state: LayerState = (),
-    ) -> torch.Tensor:
-        del state  # an MLA layer keeps nothing per sequence
-        embeds = self.model.embed_tokens(input_ids)
-        cos_sin = self.model.cos_sin_cache
-        return self._mtp_layer.forward_mtp(
-            embeds, previous_hidden, positions, cos_sin, kv_cache, metadata
-        )
-
-    def compute_mtp_logits(
-        self, hidden: torch.Tensor, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return head_logits(self.lm_head, self._mtp_layer.shared_head.norm(hidden), out)
-
-    @property
-    def _mtp_layer(self) -> DeepseekMtpLayer:
-        return cast("DeepseekMtpLayer", self.model.mtp_layers[0])
 
 
 def check_deepseek_config(config: ModelConfig) -> None:
