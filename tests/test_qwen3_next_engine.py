@@ -16,6 +16,7 @@ from metrale_testing.greedy import transformers_greedy
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import KV_POOL, LINEAR_STATE_POOL, ROPE_TABLE
 from metrale_server import LLM, SamplingParams
+from metrale_server.speculative_config import SpeculativeConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -119,3 +120,22 @@ def test_ledger_equals_plan_with_the_kv_and_linear_state_pools(model_dir: Path) 
     assert allocated[LINEAR_STATE_POOL] == 2 * 3 * (4 * 12 * 8 + (2 * 2 * 12 + 4 * 8) * 2) * 4
     # A quarter of each 16-wide head rotated: a 4-wide float32 table per position.
     assert allocated[ROPE_TABLE] == MAX_SEQ_LEN * 4 * 4
+
+
+def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
+    model_dir: Path, tiny_model_dir: Path
+) -> None:
+    # The tiny random Llama (the same vocabulary) drafts: its drafts are mostly rejected, so
+    # the Gated DeltaNet state is rolled back again and again.
+    batch = prompts(4, seed=5)
+    plain = generate(qwen3_next(model_dir), batch)
+    spec = SpeculativeConfig(
+        method="draft_model", model=str(tiny_model_dir), num_speculative_tokens=3
+    )
+    llm = qwen3_next(model_dir, speculative_config=spec)
+    assert generate(llm, batch) == plain
+    stats = llm.engine.stats
+    assert stats.num_draft_tokens > 0, stats
+    rollback = llm.engine.core.rollback
+    assert rollback is not None
+    assert rollback.num_rollbacks > 0
