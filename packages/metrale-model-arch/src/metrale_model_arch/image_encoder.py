@@ -37,8 +37,7 @@ class ImageFamily:
 
 def _glm5_next_tokens(config: ModelConfig, directory: Path | None) -> int:
     assert config.vision is not None
-    processor = ImageProcessorConfig.from_directory(directory, config.vision)
-    return processor.max_image_tokens * processor.patch_expand_factor**2
+    return ImageProcessorConfig.from_directory(directory, config.vision).max_tokens_per_image
 
 
 def _qwen2_5_vl_tokens(config: ModelConfig, directory: Path | None) -> int:

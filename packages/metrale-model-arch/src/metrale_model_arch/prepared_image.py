@@ -28,18 +28,19 @@ if TYPE_CHECKING:
 class PreparedImage:
     """One image as the tower takes it: ``pixel_values (patches, patch_dim)`` float32 and its
     ``grid`` (frames, rows, columns of patches); it takes ``num_tokens`` image tokens in the
-    prompt. ``digest`` names its pixels: equal digests encode to equal embeddings."""
+    prompt. ``digest`` names its pixels (derived from them and the grid): equal digests encode
+    to equal embeddings."""
 
     pixel_values: torch.Tensor = attrs.field(repr=False)
     grid: tuple[int, int, int]
     num_tokens: int
-    digest: str
+    digest: str = attrs.field()
 
-    @staticmethod
-    def digest_of(pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> str:
+    @digest.default
+    def _digest(self) -> str:
         hasher = hashlib.blake2b(digest_size=16)
-        hasher.update(repr(grid).encode())
-        hasher.update(pixel_values.contiguous().numpy().tobytes())
+        hasher.update(repr(self.grid).encode())
+        hasher.update(self.pixel_values.contiguous().numpy().tobytes())
         return hasher.hexdigest()
 
 

@@ -20,12 +20,7 @@ IMAGE = 9
 def image(num_tokens: int, seed: int) -> PreparedImage:
     pixels = torch.randn((4 * num_tokens, 3), generator=torch.Generator().manual_seed(seed))
     grid = (1, 2, 2 * num_tokens)
-    return PreparedImage(
-        pixel_values=pixels,
-        grid=grid,
-        num_tokens=num_tokens,
-        digest=PreparedImage.digest_of(pixels, grid),
-    )
+    return PreparedImage(pixel_values=pixels, grid=grid, num_tokens=num_tokens)
 
 
 def test_each_placeholder_becomes_its_images_tokens() -> None:

@@ -291,18 +291,15 @@ class ModelRunner:
         """The model's final (normed) hidden state of every token in the step; ``embeds``
         stand for the tokens' embeddings (a step that reaches image tokens)."""
         self.copy_blocks(inputs.block_copies)
-        if embeds is not None:
-            hidden: torch.Tensor = self.loaded.model(
-                inputs.input_ids,
-                inputs.positions,
-                self.kv_caches,
-                metadata,
-                self.seq_states,
-                inputs_embeds=embeds,
-            )
-            return hidden
-        hidden = self.loaded.model(
-            inputs.input_ids, inputs.positions, self.kv_caches, metadata, self.seq_states
+        # Only the families that take images take ``inputs_embeds``.
+        image_rows = {} if embeds is None else {"inputs_embeds": embeds}
+        hidden: torch.Tensor = self.loaded.model(
+            inputs.input_ids,
+            inputs.positions,
+            self.kv_caches,
+            metadata,
+            self.seq_states,
+            **image_rows,
         )
         return hidden
 

@@ -72,13 +72,11 @@ class Gemma3ImageEncoder:
         return cls(model, processor, token_text)
 
     def prepare(self, image: Image.Image) -> PreparedImage:
-        pixel_values = torch.from_numpy(normalized_image(image, self._processor))
-        grid = (1, *self._processor.size)
+        height, width = self._processor.size
         return PreparedImage(
-            pixel_values=pixel_values,
-            grid=(grid[0], grid[1], grid[2]),
+            pixel_values=torch.from_numpy(normalized_image(image, self._processor)),
+            grid=(1, height, width),
             num_tokens=self.max_tokens_per_image,
-            digest=PreparedImage.digest_of(pixel_values, (grid[0], grid[1], grid[2])),
         )
 
     def encode(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:

@@ -11,6 +11,7 @@ from PIL import Image
 
 from metrale_model_arch.families.glm5_next.vision.preprocess import normalized_canvas, patchify
 from metrale_model_arch.families.glm5_next.vision.processor_config import ImageProcessorConfig
+from metrale_model_arch.families.vision.grid_encode import encode_grid_images
 from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
 from metrale_model_arch.prepared_image import PreparedImage
 from metrale_model_arch.prompt_positions import PromptPositions
@@ -49,7 +50,7 @@ class Glm5NextImageEncoder:
 
     @property
     def max_tokens_per_image(self) -> int:
-        return self._processor.max_image_tokens * self._processor.patch_expand_factor**2
+        return self._processor.max_tokens_per_image
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         patches, rows, cols = patchify(normalized_canvas(image, self._processor), self._processor)
@@ -59,15 +60,11 @@ class Glm5NextImageEncoder:
             pixel_values=pixel_values,
             grid=grid,
             num_tokens=rows * cols // self._merge_size**2,
-            digest=PreparedImage.digest_of(pixel_values, grid),
         )
 
     def encode(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:
-        pixel_values = torch.cat([image.pixel_values for image in images])
-        grid_thw = torch.tensor([image.grid for image in images], dtype=torch.int64)
         dtype = self._model.model.embed_tokens.weight.dtype
-        features = self._visual(pixel_values, grid_thw).to(dtype)
-        return list(features.split([image.num_tokens for image in images]))
+        return encode_grid_images(self._visual, images, dtype)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeds: torch.Tensor = self._model.model.embed_tokens(input_ids)

@@ -43,6 +43,12 @@ class ImageProcessorConfig:
     def factor(self) -> int:
         return self.patch_size * self.merge_size * self.patch_expand_factor
 
+    @property
+    def max_tokens_per_image(self) -> int:
+        """The most image tokens an image resizes to: ``max_image_tokens`` counts tokens of
+        ``factor`` pixels a side, each ``patch_expand_factor**2`` merged patches."""
+        return self.max_image_tokens * self.patch_expand_factor**2
+
     @classmethod
     def from_json(cls, data: Mapping[str, object], vision: VisionConfig) -> ImageProcessorConfig:
         """``data`` (a ``preprocessor_config.json``) over the tower's patch geometry; raises

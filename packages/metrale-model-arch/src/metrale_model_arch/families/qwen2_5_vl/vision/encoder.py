@@ -15,6 +15,7 @@ from metrale_model_arch.families.qwen2_5_vl.vision.preprocess import resized_pix
 from metrale_model_arch.families.qwen2_5_vl.vision.processor_config import (
     Qwen2VLImageProcessorConfig,
 )
+from metrale_model_arch.families.vision.grid_encode import encode_grid_images
 from metrale_model_arch.families.vision.pixels import patchify
 from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
 from metrale_model_arch.prepared_image import PreparedImage
@@ -80,15 +81,11 @@ class Qwen2_5_VLImageEncoder:  # noqa: N801 (the family's name)
             pixel_values=pixel_values,
             grid=grid,
             num_tokens=num_tokens,
-            digest=PreparedImage.digest_of(pixel_values, grid),
         )
 
     def encode(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:
-        pixel_values = torch.cat([image.pixel_values for image in images])
-        grid_thw = torch.tensor([image.grid for image in images], dtype=torch.int64)
         dtype = self._model.model.embed_tokens.weight.dtype
-        features = self._visual(pixel_values, grid_thw).to(dtype)
-        return list(features.split([image.num_tokens for image in images]))
+        return encode_grid_images(self._visual, images, dtype)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeds: torch.Tensor = self._model.model.embed_tokens(input_ids)
