@@ -4,14 +4,13 @@ in prefill chunks; plan == ledger byte for byte with the KV pool and the linear 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 from metrale_testing import randomize_weights
-from metrale_testing.engine_parity import assert_ledger_equals_plan
-from metrale_testing.greedy import transformers_greedy
+from metrale_testing.engine_parity import assert_ledger_equals_plan, tokens
+from metrale_testing.greedy import repeated_phrase_prompts, transformers_greedy
 
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import KV_POOL, LINEAR_STATE_POOL, ROPE_TABLE
@@ -68,25 +67,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Token
     return path
 
 
-def prompts(count: int, seed: int = 2) -> list[list[int]]:
-    """Random prompts, each a short phrase repeated (so n-gram lookup finds drafts)."""
-    rng = random.Random(seed)
-    made = []
-    for _ in range(count):
-        phrase = [rng.randrange(100, 49152) for _ in range(rng.randint(2, 9))]
-        made.append((phrase * 8)[: rng.randint(5, 40)])
-    return made
-
-
 def generate(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
-    engine = llm.engine
-    for index, prompt in enumerate(batch):
-        engine.add_request(f"p{index}", prompt, GREEDY)
-    outputs: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            outputs[output.request_id] = list(output.outputs[0].token_ids)
-    return [outputs[f"p{index}"] for index in range(len(batch))]
+    return [list(t) for t in tokens(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY))]
 
 
 def qwen3_next(path: Path, **args: object) -> LLM:
@@ -98,7 +80,7 @@ def qwen3_next(path: Path, **args: object) -> LLM:
 
 def test_batched_greedy_equals_transformers(model_dir: Path) -> None:
     hf_model = transformers.Qwen3NextForCausalLM.from_pretrained(model_dir).eval()
-    batch = prompts(4, seed=5)
+    batch = repeated_phrase_prompts(4, seed=5)
     expected = [transformers_greedy(hf_model, prompt, NUM_TOKENS) for prompt in batch]
     # Prefill chunks of at most 16 tokens: the 4 prompts never fit one step.
     llm = qwen3_next(model_dir, max_batch_tokens=16)
@@ -127,7 +109,7 @@ def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
 ) -> None:
     # The tiny random Llama (the same vocabulary) drafts: its drafts are mostly rejected, so
     # the Gated DeltaNet state is rolled back again and again.
-    batch = prompts(4, seed=5)
+    batch = repeated_phrase_prompts(4, seed=5)
     plain = generate(qwen3_next(model_dir), batch)
     spec = SpeculativeConfig(
         method="draft_model", model=str(tiny_model_dir), num_speculative_tokens=3

@@ -3,6 +3,7 @@ a paged runner's steps over a batch of prompts (torch imported by the callers' o
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -70,3 +71,14 @@ def prefill_hidden(loaded: Any, tokens: Sequence[int], block_size: int = 16) -> 
     )
     with torch.inference_mode():
         return loaded.model(torch.tensor(tokens), torch.arange(len(tokens)), kv_caches, metadata)
+
+
+def repeated_phrase_prompts(count: int, seed: int) -> list[list[int]]:
+    """Random prompts over SmolLM2's vocabulary, each a short phrase repeated (so n-gram
+    lookup finds drafts in them)."""
+    rng = random.Random(seed)
+    made = []
+    for _ in range(count):
+        phrase = [rng.randrange(100, 49152) for _ in range(rng.randint(2, 9))]
+        made.append((phrase * 8)[: rng.randint(5, 40)])
+    return made
