@@ -2,7 +2,8 @@
 sent from a process of their own. Meanwhile /health, asked from a third process as any client
 would, answers at once (p99 under 50 ms), a normal request takes at most twice what it takes
 under the same load of benign twins (the same work without the adversarial part; a cheap GET
-for a request that is refused), and afterwards nothing is left running or held.
+for a request that is refused), and afterwards nothing is left running or held. A kind over
+either bound is measured a second time and fails only if it is over again.
 
 All kinds at once (90 requests in one burst, the attacker on the same two cores) is not held
 to 50 ms: the event loop then queues ~90 requests' HTTP work, and /health waited 19-87 ms at
@@ -25,6 +26,8 @@ MODEL = "tiny-llama"
 NUM_EACH = 10
 ROUNDS = 3  # each attacker sends its request this many times
 HEALTH_P99_S = 0.05
+MAX_SLOWDOWN = 2.0  # a normal request under the kind, against under its benign twin
+ATTEMPTS = 2
 PAUSE_S = 0.25  # between an answer and the attacker's next request
 
 ATTACKER = """
@@ -162,8 +165,27 @@ def under_load(
     )
 
 
+def measured(
+    server: Any, index: int, kind: dict[str, Any], twin: dict[str, Any], tmp_path: Path
+) -> tuple[float, float, set[int]]:
+    """/health p99 and the normal request's slowdown under ``kind`` (against its twin), and
+    the statuses ``kind`` got."""
+    _, benign_s, _ = under_load(server, [twin], tmp_path / f"twin-{index}.json")
+    health_s, normal_s, statuses = under_load(server, [kind], tmp_path / f"{index}.json")
+    assert len(statuses["0"]) == ROUNDS * NUM_EACH
+    assert len(health_s) >= 10, kind["path"]
+    assert benign_s, kind["path"]
+    assert normal_s, kind["path"]
+    p99 = statistics.quantiles(health_s, n=100)[98]
+    ratio = statistics.median(normal_s) / statistics.median(benign_s)
+    return p99, ratio, set(statuses["0"])
+
+
 @pytest.mark.serial
 def test_adversarial_requests_do_not_stall_the_server(server: Any, tmp_path: Path) -> None:
+    """A kind over the bounds is measured once more: a request that blocks the loop does so
+    every time, while the shared machine's own hiccups (a 70 ms one was seen once in CI on a
+    cheap refused kind) do not repeat."""
     warm = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
     assert server.client.post(CHAT, json=warm).status_code == 200
     kinds = adversaries(server)
@@ -172,19 +194,17 @@ def test_adversarial_requests_do_not_stall_the_server(server: Any, tmp_path: Pat
         max_body_bytes=8 << 20, allowed_hosts=frozenset({"127.0.0.1", "localhost"})
     ):
         for index, (kind, twin, allowed) in enumerate(kinds):
-            _, benign_s, _ = under_load(server, [twin], tmp_path / f"twin-{index}.json")
-            health_s, normal_s, statuses = under_load(server, [kind], tmp_path / f"{index}.json")
-            seen = set(statuses["0"])
-            assert len(statuses["0"]) == ROUNDS * NUM_EACH
-            assert seen <= allowed, (kind["path"], seen, allowed)
-            if 200 in allowed:
-                assert 200 in seen, kind["path"]  # the served kinds ran
-            assert len(health_s) >= 10, kind["path"]
-            p99 = statistics.quantiles(health_s, n=100)[98]
-            assert benign_s, kind["path"]
-            assert normal_s, kind["path"]
-            ratio = statistics.median(normal_s) / statistics.median(benign_s)
-            report.append(f"{kind['path']} #{index}: /health p99 {p99 * 1e3:.0f} ms, x{ratio:.2f}")
+            for attempt in range(ATTEMPTS):
+                p99, ratio, seen = measured(server, index, kind, twin, tmp_path)
+                assert seen <= allowed, (kind["path"], seen, allowed)
+                if 200 in allowed:
+                    assert 200 in seen, kind["path"]  # the served kinds ran
+                report.append(
+                    f"{kind['path']} #{index}.{attempt}: /health p99 {p99 * 1e3:.0f} ms, "
+                    f"x{ratio:.2f}"
+                )
+                if p99 < HEALTH_P99_S and ratio <= MAX_SLOWDOWN:
+                    break
             assert p99 < HEALTH_P99_S, report
-            assert ratio <= 2.0, report
+            assert ratio <= MAX_SLOWDOWN, report
     server.wait_idle()
