@@ -8,6 +8,7 @@ the plan equal to what was allocated, and every malformed part named."""
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 from collections import defaultdict
 from pathlib import Path
@@ -279,7 +280,13 @@ def test_a_weight_and_its_scale_in_different_shards_load(
     saved: dict[str, Saved], tmp_path: Path
 ) -> None:
     checkpoint = saved["qwen3_moe/ct-block"]
-    expected = convert_to_fp8(checkpoint.float_path, tmp_path, LAYOUTS["ct-block"], num_shards=2)
+    layout = LAYOUTS["ct-block"]
+    expected = convert_to_fp8(checkpoint.float_path, tmp_path, layout, max_shard_bytes=1)
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    scaled = [name for name in weight_map if name.endswith(layout.scale_name)]
+    assert scaled
+    for scale in scaled:  # a file a tensor
+        assert weight_map[scale] != weight_map[scale.replace(layout.scale_name, "weight")]
     loaded = load(tmp_path).state_dict()
     for name, tensor in float_model(tmp_path, expected).state_dict().items():
         assert torch.equal(loaded[name], tensor), name

@@ -1,5 +1,6 @@
 """Quantizing a checkpoint (:mod:`metrale_model_arch.quantize`): the defaults each method
-resolves to, and every request that cannot be written refused by its field."""
+resolves to, every request that cannot be written refused by its field, and the output written
+a shard at a time."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from metrale_config import ModelConfig
 from metrale_model_arch.model_source import ModelSource
@@ -18,6 +21,7 @@ from metrale_model_arch.quantize import (
     quantize_checkpoint,
     resolve_spec,
 )
+from metrale_model_arch.quantized_checkpoint import ShardedCheckpointWriter
 
 AWQ, GPTQ, FP8 = QuantizeMethod.AWQ, QuantizeMethod.GPTQ, QuantizeMethod.FP8
 
@@ -86,3 +90,38 @@ def test_a_quantized_checkpoint_is_refused(tmp_path: Path) -> None:
         quantize_checkpoint(source, tmp_path / "out", QuantizeSpec(method=FP8))
     assert caught.value.field == "model"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_the_writer_writes_each_shard_once_it_is_full(tmp_path: Path) -> None:
+    """A shard is on disk before the next tensor is held, not at ``finish``: the output is
+    never held whole."""
+    writer = ShardedCheckpointWriter(tmp_path, max_shard_bytes=100)
+    tensors = {f"t{i}": torch.full((10,), float(i)) for i in range(5)}  # 40 bytes each
+    written_before = []
+    for name, tensor in tensors.items():
+        writer.add(name, tensor)
+        written_before.append(len(list(tmp_path.glob("*.safetensors"))))
+    assert written_before == [0, 0, 1, 1, 2]  # two tensors a shard
+    writer.finish({"model_type": "llama"}, {"quant_method": "fp8"})
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {
+        "t0": "model-00001-of-00003.safetensors",
+        "t1": "model-00001-of-00003.safetensors",
+        "t2": "model-00002-of-00003.safetensors",
+        "t3": "model-00002-of-00003.safetensors",
+        "t4": "model-00003-of-00003.safetensors",
+    }
+    stored = {}
+    for path in tmp_path.glob("*.safetensors"):
+        stored.update(load_file(str(path)))
+    assert stored.keys() == tensors.keys()
+    assert all(torch.equal(stored[name], tensors[name]) for name in tensors)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config == {"model_type": "llama", "quantization_config": {"quant_method": "fp8"}}
+
+
+def test_one_shard_is_named_as_a_single_file(tmp_path: Path) -> None:
+    writer = ShardedCheckpointWriter(tmp_path)
+    writer.add("t", torch.ones(3))
+    writer.finish({}, {})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["config.json", "model.safetensors"]

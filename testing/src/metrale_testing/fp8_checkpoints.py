@@ -37,10 +37,11 @@ SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
 
 
 def convert_to_fp8(
-    source: Path, target: Path, layout: Fp8Layout, *, num_shards: int = 1
+    source: Path, target: Path, layout: Fp8Layout, *, max_shard_bytes: int | None = None
 ) -> dict[str, torch.Tensor]:
     """The float checkpoint in ``source`` (one ``model.safetensors``) written to ``target`` in
-    ``layout`` (its other files, the tokenizer's, copied along). Returns every weight as the
+    ``layout`` (its other files, the tokenizer's, copied along; in shards of ``max_shard_bytes``
+    when given). Returns every weight as the
     layout says it is, in float32 under the float checkpoint's names."""
     hf = json.loads((source / CONFIG_FILE).read_text())
     target.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,8 @@ def convert_to_fp8(
         if item.is_file() and item.name not in CHECKPOINT_FILES:
             shutil.copy(item, target / item.name)
     tensors = load_file(str(source / "model.safetensors"))
-    write_fp8_checkpoint(target, hf, tensors.items(), layout, num_shards=num_shards)
+    shards = {} if max_shard_bytes is None else {"max_shard_bytes": max_shard_bytes}
+    write_fp8_checkpoint(target, hf, tensors.items(), layout, **shards)
     stored: dict[str, torch.Tensor] = {}
     for path in sorted(target.glob("*.safetensors")):
         stored.update(load_file(str(path)))

@@ -26,7 +26,10 @@ from typing import Any
 import attrs
 import torch
 
-from metrale_model_arch.quantized_checkpoint import save_checkpoint
+from metrale_model_arch.quantized_checkpoint import (
+    DEFAULT_MAX_SHARD_BYTES,
+    ShardedCheckpointWriter,
+)
 
 E4M3_MAX = 448.0
 QUANTIZED = re.compile(r"model\.layers\.\d+\..*\.weight")
@@ -170,32 +173,32 @@ def write_fp8_checkpoint(
     layout: Fp8Layout,
     *,
     float_dtype: torch.dtype | None = None,
-    num_shards: int = 1,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
     """Save ``weights`` (checkpoint names) with the ``config.json`` fields ``hf`` to
     ``out_dir`` in ``layout``, the other tensors in ``float_dtype`` (default: their own; the
-    config's ``torch_dtype`` says which), over ``num_shards`` files taking the sorted names in
-    turn (a weight and its scale then in different files). Each weight is quantized as it
-    comes: the output and one float weight are held at a time."""
-    stored: dict[str, torch.Tensor] = {}
+    config's ``torch_dtype`` says which), in files of at most ``max_shard_bytes`` (a weight
+    and its scale may then be in different files). Each weight is quantized as it comes and
+    written a shard at a time: one float weight and one shard are held."""
+    writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
     float_dtypes: set[torch.dtype] = set()
     for name, tensor in weights:
         if not is_fp8_target(name, tensor):
             kept = tensor if float_dtype is None else tensor.to(float_dtype)
-            stored[name] = kept.contiguous()
+            writer.add(name, kept)
             float_dtypes.add(kept.dtype)
             continue
         prefix = name.removesuffix(".weight")
         q, scale = quantize_fp8(tensor, layout)
-        stored[name], stored[f"{prefix}.{layout.scale_name}"] = q, scale
+        writer.add(name, q)
+        writer.add(f"{prefix}.{layout.scale_name}", scale)
         if layout.static_activations:
             shape = () if layout.method == "fp8" else (1,)
-            stored[f"{prefix}.input_scale"] = torch.full(
-                shape, STATIC_INPUT_SCALE, dtype=scale.dtype
+            writer.add(
+                f"{prefix}.input_scale", torch.full(shape, STATIC_INPUT_SCALE, dtype=scale.dtype)
             )
     fields = dict(hf)
     if len(float_dtypes) == 1:
         fields["torch_dtype"] = str(float_dtypes.pop()).removeprefix("torch.")
-    out = Path(out_dir)
-    save_checkpoint(out, stored, fields, quantization_config(layout), num_shards=num_shards)
-    return out
+    writer.finish(fields, quantization_config(layout))
+    return writer.out

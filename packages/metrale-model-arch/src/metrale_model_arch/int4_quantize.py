@@ -20,7 +20,11 @@ import numpy as np
 import torch
 
 from metrale_config import Int4Method, ModelConfig
-from metrale_model_arch.quantized_checkpoint import hf_config, save_checkpoint
+from metrale_model_arch.quantized_checkpoint import (
+    DEFAULT_MAX_SHARD_BYTES,
+    ShardedCheckpointWriter,
+    hf_config,
+)
 
 PROJECTION = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -78,23 +82,26 @@ def write_int4_checkpoint(
     group_size: int,
     is_symmetric: bool = False,
     hf: Mapping[str, Any] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
     """Write ``config``'s model (``weights`` under checkpoint names, a tied head omitted) to
     ``out_dir`` as ``config.json`` and ``model.safetensors``, its projections ``method`` int4,
     the rest float16. ``hf``: the ``config.json`` fields (default: :func:`hf_config`).
-    Each weight is quantized as it comes: the output and one float weight are held at a time."""
+    Each weight is quantized as it comes and written a shard of ``max_shard_bytes`` at a time:
+    one float weight and one shard are held."""
     if method == Int4Method.AWQ and is_symmetric:
         raise ValueError("AWQ has zero points: is_symmetric is GPTQ's")
-    tensors: dict[str, torch.Tensor] = {}
+    writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
     for name, tensor in weights:
         if config.tie_word_embeddings and name == "lm_head.weight":
             continue
         if PROJECTION.fullmatch(name):
             prefix = name.removesuffix(".weight")
             parts = quantize_int4(tensor, group_size, method=method, is_symmetric=is_symmetric)
-            tensors.update((f"{prefix}.{part}", packed) for part, packed in parts.items())
+            for part, packed in parts.items():
+                writer.add(f"{prefix}.{part}", packed)
         else:
-            tensors[name] = tensor.to(torch.float16).contiguous()
+            writer.add(name, tensor.to(torch.float16))
     quantization: dict[str, Any] = {
         "quant_method": str(method),
         "bits": 4,
@@ -105,6 +112,5 @@ def write_int4_checkpoint(
     else:
         quantization.update(sym=is_symmetric, desc_act=False, checkpoint_format="gptq")
     fields = {**(hf_config(config) if hf is None else hf), "torch_dtype": "float16"}
-    out = Path(out_dir)
-    save_checkpoint(out, tensors, fields, quantization)
-    return out
+    writer.finish(fields, quantization)
+    return writer.out

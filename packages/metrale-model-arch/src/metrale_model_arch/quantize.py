@@ -2,7 +2,8 @@
 an AWQ, GPTQ or FP8 safetensors directory that the loaders read, with its tokenizer files.
 
 The weights stream from the source one at a time into :mod:`~metrale_model_arch.int4_quantize`
-or :mod:`~metrale_model_arch.fp8_quantize`: what is held is the output and one float weight.
+or :mod:`~metrale_model_arch.fp8_quantize`, and the output is written a shard at a time: what is
+held is one float weight and one shard.
 The directory is written beside ``out`` and renamed into place when complete.
 """
 
@@ -35,7 +36,12 @@ from metrale_model_arch.int4_quantize import PROJECTION, write_int4_checkpoint
 from metrale_model_arch.loading.gguf_loader import iter_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import checkpoint_tensor_names, iter_safetensors
 from metrale_model_arch.model_source import ModelSource
-from metrale_model_arch.quantized_checkpoint import CHECKPOINT_FILES, CONFIG_FILE, hf_config
+from metrale_model_arch.quantized_checkpoint import (
+    CHECKPOINT_FILES,
+    CONFIG_FILE,
+    DEFAULT_MAX_SHARD_BYTES,
+    hf_config,
+)
 from metrale_model_arch.tokenizer import Tokenizer
 
 # Tried in turn when no group size is given: AutoAWQ's and GPTQ's default first.
@@ -65,13 +71,15 @@ class QuantizeSpec:
     first of ``DEFAULT_GROUP_SIZES`` that divides every projection's; ``is_symmetric``
     (``None``: AWQ asymmetric, GPTQ and fp8 symmetric; AWQ always has zero points, fp8 never);
     ``fp8_layout``: fp8's layout (DeepSeek's 128 x 128 blocks); ``float_dtype``: the tensors
-    not quantized (``None``: float16 for int4, the source's dtype for fp8)."""
+    not quantized (``None``: float16 for int4, the source's dtype for fp8);
+    ``max_shard_bytes``: the most a safetensors file of the output holds."""
 
     method: QuantizeMethod
     group_size: int | None = None
     is_symmetric: bool | None = None
     fp8_layout: Fp8Layout = BLOCK_128
     float_dtype: torch.dtype | None = None
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +120,8 @@ def projection_in_features(config: ModelConfig) -> dict[str, int]:
 def resolve_spec(config: ModelConfig, spec: QuantizeSpec) -> QuantizeSpec:
     """``spec`` with its defaults filled in for ``config``; :class:`QuantizeError` when it
     cannot be written."""
+    if spec.max_shard_bytes <= 0:
+        raise QuantizeError("max_shard_bytes", f"{spec.max_shard_bytes} is not a positive size")
     if spec.method == QuantizeMethod.FP8:
         if spec.group_size is not None:
             raise QuantizeError("group_size", "applies to awq and gptq (fp8 scales 128x128 blocks)")
@@ -231,7 +241,14 @@ def _write(
     spec: QuantizeSpec,
 ) -> None:
     if spec.method == QuantizeMethod.FP8:
-        write_fp8(out, checkpoint.hf, weights, spec.fp8_layout, float_dtype=spec.float_dtype)
+        write_fp8(
+            out,
+            checkpoint.hf,
+            weights,
+            spec.fp8_layout,
+            float_dtype=spec.float_dtype,
+            max_shard_bytes=spec.max_shard_bytes,
+        )
         return
     assert spec.group_size is not None
     write_int4_checkpoint(
@@ -242,6 +259,7 @@ def _write(
         group_size=spec.group_size,
         is_symmetric=bool(spec.is_symmetric),
         hf=checkpoint.hf,
+        max_shard_bytes=spec.max_shard_bytes,
     )
 
 

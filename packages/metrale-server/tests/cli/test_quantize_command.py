@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 from metrale_testing.greedy import prefill_hidden
+from safetensors.torch import load_file
 
 from metrale_model_arch import LoadedModel, LoadOptions, load_model
 from metrale_server import LLM, SamplingParams
@@ -208,3 +209,50 @@ def test_an_empty_output_directory_is_filled(tiny_model_dir: Path, tmp_path: Pat
     quantized(tiny_model_dir, out, "fp8")
     assert (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["empty"]
+
+
+@pytest.mark.parametrize("method", ["awq", "fp8"])
+def test_a_small_max_shard_size_writes_shards_that_load_as_one_file(
+    tiny_model_dir: Path, tmp_path: Path, method: str
+) -> None:
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    quantized(tiny_model_dir, whole, method)
+    result = quantized(tiny_model_dir, sharded, method, "--max-shard-size", "20KiB")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(path.name for path in sharded.glob("*.safetensors"))
+    assert len(files) > 2
+    assert files == [
+        f"model-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)
+    ]
+    assert sorted(set(index["weight_map"].values())) == files
+    assert all(name in result.output for name in files)
+    tensors = {}
+    for name in files:
+        part = load_file(str(sharded / name))
+        assert all(index["weight_map"][tensor] == name for tensor in part)
+        size = (sharded / name).stat().st_size
+        assert size <= 20 * 1024 + 4096 or len(part) == 1, (name, size, len(part))
+        tensors.update(part)
+    expected = load_file(str(whole / "model.safetensors"))
+    assert tensors.keys() == expected.keys()
+    assert all(torch.equal(tensors[name], expected[name]) for name in expected)
+    whole_logits, sharded_logits = (
+        prefill_logits(load_model(str(path), LoadOptions(dtype=torch.float32)), [1, 2, 3, 4])
+        for path in (whole, sharded)
+    )
+    assert torch.equal(sharded_logits, whole_logits)
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [("5XB", "'5XB' is not a size such as 5GB"), ("0", "'0' is not a positive size")],
+)
+def test_a_bad_max_shard_size_is_named(
+    tiny_model_dir: Path, tmp_path: Path, size: str, message: str
+) -> None:
+    args = ["quantize", str(tiny_model_dir), "--method", "fp8", "--max-shard-size", size]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "'--max-shard-size'" in result.output
+    assert message in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ serves (round to nearest, no calibration; :mod:`metrale_model_arch.quantize`).""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,8 +23,33 @@ FLAGS = {
     "is_symmetric": "'--symmetric' / '--asymmetric'",
     "model": "'MODEL'",
     "out": "'--out'",
+    "max_shard_bytes": "'--max-shard-size'",
 }
 FLOAT16_BYTES = 2
+# --max-shard-size units, as Hugging Face's max_shard_size reads them ("5GB", "500MiB").
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+SIZE = re.compile(r"\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-zA-Z]*)\s*")
+
+
+class ByteSize(click.ParamType):  # type: ignore[type-arg]
+    """A byte count: a number with an optional unit (``5GB``, ``500MiB``, ``1000000``)."""
+
+    name = "size"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int):
+            return value
+        match = SIZE.fullmatch(str(value))
+        unit = match["unit"].upper() if match else ""
+        if match is None or unit not in SIZE_UNITS:
+            self.fail(f"{value!r} is not a size such as 5GB, 500MiB or 1000000", param, ctx)
+        size = int(float(match["number"]) * SIZE_UNITS[unit])
+        if size <= 0:
+            self.fail(f"{value!r} is not a positive size", param, ctx)
+        return size
 
 
 @click.command(context_settings=CONTEXT)
@@ -54,6 +80,15 @@ FLOAT16_BYTES = 2
     default=None,
     help="The directory to write (absent or empty). Default: ./<model>-<method>.",
 )
+@click.option(
+    "--max-shard-size",
+    "max_shard_bytes",
+    type=ByteSize(),
+    default="5GB",
+    show_default=True,
+    help="The most bytes a safetensors file holds; each is written as soon as it is full, so "
+    "about this much of the output is held in memory at a time.",
+)
 @revision_option
 @offline_option
 def quantize(
@@ -62,6 +97,7 @@ def quantize(
     group_size: int | None,
     is_symmetric: bool | None,
     out: Path | None,
+    max_shard_bytes: int,
     revision: str | None,
     offline: bool,
 ) -> None:
@@ -70,7 +106,8 @@ def quantize(
     directory in AWQ's, GPTQ's or FP8's public layout, with its config.json and tokenizer files.
 
     Round to nearest, no calibration data. Each weight streams from the source and is quantized
-    as it comes; the directory appears when complete. Serve it with `met serve OUT`.
+    as it comes, and the output is written a shard at a time; the directory appears when
+    complete. Serve it with `met serve OUT`.
     """
     import torch
 
@@ -89,6 +126,7 @@ def quantize(
         group_size=group_size,
         is_symmetric=is_symmetric,
         float_dtype=torch.bfloat16 if method == "fp8" else None,
+        max_shard_bytes=max_shard_bytes,
     )
     start = time.perf_counter()
     try:
