@@ -3,7 +3,6 @@ transformers: tiny random models, every parameter randomized, float32."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -11,7 +10,7 @@ import pytest
 import torch
 from metrale_testing.family_parity import Bfloat16ParityChecks, FamilyCheckpoint, load_checkpoint
 
-from metrale_config import ModelConfig, NormLayout, model_config_from_hf_file
+from metrale_config import ModelConfig, NormLayout
 from metrale_model_arch.counts.dense_variants import dense_variant_param_counts
 from metrale_model_arch.families.dense_variants import DenseVariantForCausalLM
 from metrale_model_arch.registry import family_for
@@ -21,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 256
 PROMPT_LENS = (1, 5, 11, 17, 26)
-# phi3's LongRoPE runs within its original context, here every prompt and its greedy tokens.
+# phi3's LongRoPE served within its original context (its short factors) holds every prompt and its
+# greedy tokens; test_longrope.py serves it past that context.
 ORIGINAL_MAX_POSITIONS = 64
 SMALL = {
     "vocab_size": VOCAB_SIZE,
@@ -180,13 +180,3 @@ def test_the_llama_family_refuses_the_variants_switches(tiny_config: ModelConfig
     ):
         with pytest.raises(ValueError, match="the llama family does not support"):
             LlamaForCausalLM(attrs.evolve(tiny_config, **change))
-
-
-def test_longrope_is_refused_past_the_original_context(tmp_path: Path) -> None:
-    config_class, model_class, kwargs = CASES["phi3-longrope-partial-rotary"]
-    hf_config = getattr(transformers, config_class)(**SMALL, **kwargs)
-    getattr(transformers, model_class)(hf_config).save_pretrained(tmp_path)
-    config = model_config_from_hf_file(tmp_path)
-    with pytest.raises(ValueError, match=r"--max-seq-len 64 or less \(max_seq_len 256 asked\)"):
-        DenseVariantForCausalLM(config)
-    assert DenseVariantForCausalLM(config, max_seq_len=64).max_seq_len == 64

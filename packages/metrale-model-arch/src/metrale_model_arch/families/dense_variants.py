@@ -15,8 +15,8 @@ Parameter names are transformers'. It is no ``LlamaForCausalLM``: its layers run
 :class:`~metrale_model_arch.families.decoder_stack.DecoderStack`), never through the compiled or
 native llama executors, which compute llama's layer only.
 
-A LongRoPE model (phi3) runs within its original context only, where its short factors are the
-exact ones (:func:`~metrale_model_arch.families.rotary.longrope_max_positions` says why).
+A LongRoPE model (phi3) takes its long factors when served past its original context, its short
+ones within it (:mod:`~metrale_model_arch.families.rotary` says what that means for a sequence).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from metrale_model_arch.families.llama import (
     check_supported,
     qkv_sizes,
 )
-from metrale_model_arch.families.rotary import longrope_max_positions, rope_cos_sin_table
+from metrale_model_arch.families.rotary import rope_cos_sin_table
 from metrale_model_arch.families.row_invariant_layers import head_logits
 from metrale_model_arch.rope_layout import local_table_index, rotary_dim
 
@@ -226,13 +226,6 @@ class DenseVariantForCausalLM(EagerCausalLM):
 
     def build_model(self) -> DecoderStack:
         config, backend = self.config, self.backend
-        longrope_limit = longrope_max_positions(config)
-        if longrope_limit is not None and self.max_seq_len > longrope_limit:
-            raise ValueError(
-                f"{config.model_type}: LongRoPE runs here within the original context only "
-                f"(original_max_position_embeddings {longrope_limit}); serve with "
-                f"--max-seq-len {longrope_limit} or less (max_seq_len {self.max_seq_len} asked)"
-            )
         # cos_sin_cache: (tables * max_seq_len, rotary_dim) (``rope_layout``).
         return DecoderStack(
             config,
@@ -244,7 +237,10 @@ class DenseVariantForCausalLM(EagerCausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = super().embed(input_ids)
         if self.embedding_multiplier != 1.0:
-            hidden = hidden * torch.tensor(self.embedding_multiplier, dtype=hidden.dtype)
+            multiplier = torch.tensor(
+                self.embedding_multiplier, dtype=hidden.dtype, device=hidden.device
+            )
+            hidden = hidden * multiplier
         return hidden
 
     def rope_rows(self, positions: torch.Tensor) -> list[torch.Tensor]:

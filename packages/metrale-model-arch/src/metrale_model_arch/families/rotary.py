@@ -5,6 +5,24 @@ YaRN (transformers' ``yarn`` rope type, for the families that take it) blends ea
 between its extrapolated value (the default) and its interpolated one (divided by ``factor``)
 along a ramp over the rotary dims set by ``beta_fast`` / ``beta_slow``, and scales cos and sin
 by an attention factor.
+
+LongRoPE (Phi-3) divides each frequency by its short or long factor, and scales cos and sin by
+one attention factor either way. The serve's context chooses the factors, once for the whole
+table: the long ones when ``max_positions`` (the serve's ``--max-seq-len``) passes
+``original_max_position_embeddings``, else the short ones (llama.cpp's rule, from its context).
+
+NOTE: transformers picks per forward pass: the long factors for every position once the
+sequence is longer than the original context, the short ones before. Its ``generate`` recomputes
+the whole cache with the long factors at the step a sequence first passes the boundary
+(``Phi3ForCausalLM.prepare_inputs_for_generation``). With one table per serve, ours equals it for
+every sequence longer than the original context, whether prefilled at once, in chunks, or grown
+past the boundary by decoding (from the crossing on, its keys are the long-factor ones
+transformers recomputes); a sequence that stays within the original context, served with a
+longer ``--max-seq-len``, gets the long factors where transformers uses the short ones (serve
+with ``--max-seq-len`` at most the original context for those). Choosing per step instead (vLLM
+switches the whole batch to the long table when any token of it is past the boundary) would make
+a sequence's logits depend on its batch-mates and on its prefill chunks, and keep the short keys
+it cached before the crossing.
 """
 
 from __future__ import annotations
@@ -31,8 +49,8 @@ DEFAULT_BETA_SLOW = 1.0
 
 
 def rope_inv_freq(config: ModelConfig, max_positions: int) -> torch.Tensor:
-    """``(rotary_dim // 2,)`` float32 inverse frequencies under ``config.rope_scaling`` (for
-    LongRoPE, the short factors': see :func:`longrope_max_positions`)."""
+    """``(rotary_dim // 2,)`` float32 inverse frequencies under ``config.rope_scaling`` for a
+    table of ``max_positions`` rows (for LongRoPE: :func:`longrope_factors`)."""
     head_dim, base, scaling = rotary_dim(config), config.rope_theta, config.rope_scaling
     if scaling is None or scaling.rope_type == "default":
         return default_inv_freq(head_dim, base)
@@ -62,7 +80,7 @@ def rope_inv_freq(config: ModelConfig, max_positions: int) -> torch.Tensor:
             original_max_position_embeddings=original_max,
         )
     if scaling.rope_type == LONGROPE:
-        return longrope_inv_freq(config, scaling.short_factor)
+        return longrope_inv_freq(config, longrope_factors(config, max_positions))
     raise ValueError(
         f"unsupported rope_type {scaling.rope_type!r} for {config.model_type}; "
         f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -80,18 +98,15 @@ def longrope_inv_freq(config: ModelConfig, factors: tuple[float, ...]) -> torch.
     return 1.0 / (torch.tensor(factors, dtype=torch.float32) * config.rope_theta**exponents)
 
 
-def longrope_max_positions(config: ModelConfig) -> int | None:
-    """The longest context a LongRoPE model runs here (its original one), else ``None``.
-
-    NOTE: transformers turns every position with the long factors once a sequence passes
-    ``original_max_position_embeddings``, recomputing the cache it built with the short ones
-    (``Phi3ForCausalLM.prepare_inputs_for_generation``). Until the engine can recompute a
-    sequence at that point, a LongRoPE model serves within its original context only.
-    """
+def longrope_factors(config: ModelConfig, max_positions: int) -> tuple[float, ...]:
+    """The long factors when a table of ``max_positions`` rows passes the original context,
+    else the short ones (transformers' ``_compute_longrope_parameters`` at ``seq_len``
+    ``max_positions``; this module's docstring says why one set per table)."""
     scaling = config.rope_scaling
     if scaling is None or scaling.rope_type != LONGROPE:
-        return None
-    return scaling.original_max_position_embeddings or config.max_position_embeddings
+        raise ValueError(f"{config.source}: rope_type is not {LONGROPE!r}")
+    original = scaling.original_max_position_embeddings or config.max_position_embeddings
+    return scaling.long_factor if max_positions > original else scaling.short_factor
 
 
 def longrope_attention_factor(config: ModelConfig) -> float:
