@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,10 @@ class PagedRunner:
     interleaved with the other sequences'. A model with per-sequence state (linear attention, a
     flat indexer) gets ``num_slots`` state slots; a sequence takes the highest free one (so slot
     numbers differ from sequence ids) and :meth:`free` gives its blocks and slot back.
+
+    ``forward_device``: the default device while the model runs (``"meta"``: a tensor the
+    model's code makes without naming its device meets the model's CPU tensors and raises, as
+    on a GPU it would meet CUDA tensors).
     """
 
     def __init__(
@@ -36,8 +41,10 @@ class PagedRunner:
         indexer_paged: bool = True,
         num_slots: int = 8,
         max_seq_len: int = 256,
+        forward_device: str | None = None,
     ) -> None:
         self.model = model
+        self.forward_device = forward_device
         self.block_size = block_size
         dtype = next(model.parameters()).dtype
         self.kv_caches = allocate_kv_cache(
@@ -94,9 +101,18 @@ class PagedRunner:
             state_slots=[self.slots[s] for s in seq_ids],
         )
         input_ids = torch.tensor([t for s in seq_ids for t in new_tokens[s]], dtype=torch.int64)
-        with torch.inference_mode():
+        default_device = (
+            contextlib.nullcontext()
+            if self.forward_device is None
+            else (torch.device(self.forward_device))
+        )
+        with torch.inference_mode(), default_device:
             hidden = self.model(
-                input_ids, torch.tensor(positions), self.kv_caches, metadata, self.states
+                input_ids,
+                torch.tensor(positions, device="cpu"),
+                self.kv_caches,
+                metadata,
+                self.states,
             )
             logits = self.model.compute_logits(hidden)
         split = logits.split([len(new_tokens[s]) for s in seq_ids])

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
 from safetensors.torch import load_file, save_file
 
 from metrale_config import ModelConfig, model_config_from_hf_file
@@ -128,10 +129,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     )
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> Glm5NextForCausalLM:
-    model = load_safetensors_model(
-        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
-    )
+def load(
+    checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, kernel_backend: str = "auto"
+) -> Glm5NextForCausalLM:
+    options = LoadOptions(dtype=dtype, device="cpu", kernel_backend=kernel_backend)
+    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
     assert isinstance(model, Glm5NextForCausalLM)
     return model
 
@@ -170,6 +172,23 @@ def test_the_config_runs_every_kind_of_layer(checkpoint: Checkpoint) -> None:
     assert layers[0].attn_hc.base.dtype == torch.float32
     assert layers[0].attn_hc.fn.dtype == torch.bfloat16
     assert layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged-indexer", "flat-indexer"])
+def test_every_tensor_is_made_on_the_models_device(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any], paged: bool
+) -> None:
+    """With the reference ops a GPU's torch backend runs (the paged indexer once built its row
+    offsets on the CPU beside a CUDA block table)."""
+    model = load(checkpoint, kernel_backend="torch")
+    assert_tensors_made_on_the_models_device(
+        model,
+        paged_runner,
+        checkpoint.prompts,
+        num_blocks=128,
+        block_size=BLOCK_SIZE,
+        indexer_paged=paged,
+    )
 
 
 def test_ragged_prefill_matches_transformers(

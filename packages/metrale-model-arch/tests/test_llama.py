@@ -11,6 +11,7 @@ import attrs
 import pytest
 import torch
 from metrale_testing import paged_greedy, transformers_greedy
+from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
 
 from metrale_config import ModelConfig, RopeScaling, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
@@ -115,10 +116,11 @@ def checkpoint(
     )
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    model = load_safetensors_model(
-        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
-    )
+def load(
+    checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, kernel_backend: str = "auto"
+) -> LlamaForCausalLM:
+    options = LoadOptions(dtype=dtype, device="cpu", kernel_backend=kernel_backend)
+    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
     assert isinstance(model, LlamaForCausalLM)
     return model
 
@@ -164,6 +166,16 @@ def test_batched_greedy_decode_matches_transformers_generate(
     assert paged_greedy(runner, checkpoint.prompts, NUM_GREEDY_TOKENS) == expected
     tables = list(runner.block_tables.values())
     assert any(t != list(range(t[0], t[0] + len(t))) for t in tables), "blocks were contiguous"
+
+
+def test_every_tensor_is_made_on_the_models_device(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    """With the reference ops a GPU's torch backend runs."""
+    model = load(checkpoint, kernel_backend="torch")
+    assert_tensors_made_on_the_models_device(
+        model, paged_runner, checkpoint.prompts, num_blocks=128, block_size=BLOCK_SIZE
+    )
 
 
 def test_chunked_prefill_matches_one_shot(

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from metrale_testing import paged_greedy, transformers_greedy
+from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
 from safetensors import safe_open
 
 from metrale_config import (
@@ -145,10 +146,11 @@ def checkpoint(
     )
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> MoeForCausalLM:
-    model = load_safetensors_model(
-        checkpoint.path, checkpoint.config, LoadOptions(dtype=dtype, device="cpu")
-    )
+def load(
+    checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, kernel_backend: str = "auto"
+) -> MoeForCausalLM:
+    options = LoadOptions(dtype=dtype, device="cpu", kernel_backend=kernel_backend)
+    model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
     assert isinstance(model, MoeForCausalLM)
     return model
 
@@ -226,6 +228,16 @@ def test_batched_greedy_decode_matches_transformers_generate(
 
     runner = paged_runner(load(checkpoint), num_blocks=128, block_size=BLOCK_SIZE, seed=3)
     assert paged_greedy(runner, checkpoint.prompts, NUM_GREEDY_TOKENS) == expected
+
+
+def test_every_tensor_is_made_on_the_models_device(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    """With the reference ops a GPU's torch backend runs."""
+    model = load(checkpoint, kernel_backend="torch")
+    assert_tensors_made_on_the_models_device(
+        model, paged_runner, checkpoint.prompts, num_blocks=128, block_size=BLOCK_SIZE
+    )
 
 
 def test_chunked_prefill_matches_one_shot(

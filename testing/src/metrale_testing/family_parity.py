@@ -1,7 +1,7 @@
 """The parity checks a model family runs against transformers on tiny random checkpoints
 (float32): a ragged prefill's logits, batched greedy decoding against ``generate`` and alone,
-chunked prefill against one shot, the bfloat16 error against transformers' own, and no fused
-llama executor taking the model.
+chunked prefill against one shot, every tensor made on the model's device, the bfloat16 error
+against transformers' own, and no fused llama executor taking the model.
 
 A family's test module makes a module-scoped ``checkpoint`` fixture (a :class:`FamilyCheckpoint`,
 parametrized over its cases) and collects the checks as a class::
@@ -31,6 +31,7 @@ from metrale_model_arch.families.compiled_steps import can_compile
 from metrale_model_arch.families.native_steps import native_executor
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.memory.weights import weight_bytes
+from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
 from metrale_testing.greedy import paged_greedy, transformers_greedy
 
 Family = TypeVar("Family", bound=CausalLM)
@@ -84,10 +85,18 @@ def random_prompts(vocab_size: int, lengths: Sequence[int], seed: int = 1) -> di
 
 
 def load_checkpoint(
-    checkpoint: FamilyCheckpoint, family: type[Family], dtype: torch.dtype = torch.float32
+    checkpoint: FamilyCheckpoint,
+    family: type[Family],
+    dtype: torch.dtype = torch.float32,
+    kernel_backend: str = "auto",
 ) -> Family:
     """``checkpoint`` loaded on the CPU at ``dtype`` as ``family``."""
-    options = LoadOptions(dtype=dtype, device="cpu", max_seq_len=checkpoint.max_seq_len)
+    options = LoadOptions(
+        dtype=dtype,
+        device="cpu",
+        max_seq_len=checkpoint.max_seq_len,
+        kernel_backend=kernel_backend,
+    )
     model = load_safetensors_model(checkpoint.path, checkpoint.config, options)
     assert isinstance(model, family)
     return model
@@ -183,6 +192,15 @@ class FamilyParityChecks:
         )
         expected = hf_logits(checkpoint.hf_model, other)
         torch.testing.assert_close(second[1], expected, atol=1e-4, rtol=0)
+
+    def test_every_tensor_is_made_on_the_models_device(
+        self, checkpoint: FamilyCheckpoint, paged_runner: PagedRunnerFactory
+    ) -> None:
+        """With the reference ops a GPU's torch backend runs."""
+        model = load_checkpoint(checkpoint, self.family, kernel_backend="torch")
+        assert_tensors_made_on_the_models_device(
+            model, paged_runner, checkpoint.prompts, num_blocks=128, block_size=self.block_size
+        )
 
     def test_no_fused_llama_executor_takes_it(self, checkpoint: FamilyCheckpoint) -> None:
         model = self.load(checkpoint)

@@ -34,6 +34,8 @@ from metrale_kernels.row_invariant import matmul_row_tile, padded_rows
 SPAN_QUANTUM = 16
 # Floats per vector of torch's CPU kernels, by the capability they run at.
 _FLOAT_LANES = {"AVX512": 16, "AVX2": 8}
+# The path runs on the CPU only: its plans (built from the host metadata) live there.
+HOST = torch.device("cpu")
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -64,13 +66,13 @@ def plan_span_groups(
             token += 1
     planned = []
     for (seq, start, width), members in groups.items():
-        key_pos = torch.arange(start, start + width)[None, :]
-        firsts = torch.tensor([first for _, first, _ in members])[:, None]
-        ends = torch.tensor([end for _, _, end in members])[:, None]
+        key_pos = torch.arange(start, start + width, device=HOST)[None, :]
+        firsts = torch.tensor([first for _, first, _ in members], device=HOST)[:, None]
+        ends = torch.tensor([end for _, _, end in members], device=HOST)[:, None]
         planned.append(
             SpanGroup(
                 seq=seq,
-                rows=torch.tensor([row for row, _, _ in members], dtype=torch.int64),
+                rows=torch.tensor([row for row, _, _ in members], dtype=torch.int64, device=HOST),
                 start=start,
                 width=width,
                 visible=(key_pos >= firsts) & (key_pos < ends),
@@ -117,14 +119,14 @@ def plan_flash_groups(
     planned = []
     for (seq, start, num_vectors), members in groups.items():
         width = (num_vectors + 1) * lanes - 1
-        counts = torch.tensor([count for _, count in members])[:, None]
+        counts = torch.tensor([count for _, count in members], device=HOST)[:, None]
         planned.append(
             FlashGroup(
                 seq=seq,
-                rows=torch.tensor([row for row, _ in members], dtype=torch.int64),
+                rows=torch.tensor([row for row, _ in members], dtype=torch.int64, device=HOST),
                 start=start,
                 width=width,
-                visible=(torch.arange(width)[None, :] < counts)[:, None, None, :],
+                visible=(torch.arange(width, device=HOST)[None, :] < counts)[:, None, None, :],
             )
         )
     return tuple(planned)

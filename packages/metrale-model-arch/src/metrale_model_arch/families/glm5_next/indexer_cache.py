@@ -44,7 +44,8 @@ class IndexerRows:
         cls, keys: torch.Tensor, block_table: torch.Tensor, block_size: int, kpool: int
     ) -> IndexerRows:
         """``keys (num_blocks, block_size, dim)`` read through ``block_table (blocks,)``."""
-        row_index = (block_table[:, None] * block_size + torch.arange(block_size)).flatten()
+        offsets = torch.arange(block_size, device=block_table.device)
+        row_index = (block_table[:, None] * block_size + offsets).flatten()
         return cls(keys.view(-1, keys.shape[-1]), row_index, None, kpool)
 
     @classmethod
