@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
 from typing import Any
 
 import numpy
@@ -326,3 +327,17 @@ def test_a_fallback_is_said_once_per_op_and_reason(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
     assert lines[0].startswith("cupy backend: rms_norm falls back to the torch reference")
+
+
+def test_the_launch_stream_wraps_torchs_without_a_deprecated_class() -> None:
+    """cupy 14 deprecates ``ExternalStream`` (a DeprecationWarning fails the GPU tests): the
+    launch stream comes from ``Stream.from_external`` over torch's handle. Wrapping a handle
+    calls no CUDA API, so this runs without a GPU."""
+    cupy = pytest.importorskip("cupy")
+    if not hasattr(cupy.cuda.Stream, "from_external"):
+        pytest.skip(f"cupy {cupy.__version__} predates Stream.from_external")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = cuda_launch.cupy_stream(cupy, 0x1234, 0)
+    assert isinstance(stream, cupy.cuda.Stream)
+    assert stream.ptr == 0x1234

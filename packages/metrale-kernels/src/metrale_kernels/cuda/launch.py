@@ -83,6 +83,28 @@ def ptr(tensor: torch.Tensor) -> Any:
     return numpy.uint64(tensor.data_ptr())
 
 
+class StreamHandle:
+    """A CUDA stream handle under the CUDA stream protocol (``__cuda_stream__``: version 0 and
+    the handle), which cupy 14's ``Stream.from_external`` reads."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def cupy_stream(cupy: Any, handle: int, index: int) -> Any:
+    """A cupy stream over the CUDA stream ``handle`` (torch's) of device ``index``: cupy 14's
+    ``Stream.from_external`` (its ``ExternalStream`` is deprecated), cupy 13's
+    ``ExternalStream``. Used inside ``cupy.cuda.Device(index)``: the stream's device is then
+    the current one."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(handle, index)
+    return from_external(StreamHandle(handle))
+
+
 def i32(value: int) -> Any:
     import numpy
 
@@ -119,6 +141,6 @@ def launch(
         handle = torch.cuda.current_stream(index).cuda_stream
         stream = _streams.get((index, handle))
         if stream is None:
-            stream = _streams[(index, handle)] = cupy.cuda.ExternalStream(handle, index)
+            stream = _streams[(index, handle)] = cupy_stream(cupy, handle, index)
         with stream:
             kernel(grid, block, args, shared_mem=shared_mem_bytes)
