@@ -26,7 +26,15 @@ from metrale_model_arch.families.gemma3 import (
     Gemma3ForConditionalGeneration,
     gemma3_checkpoint_mapping,
 )
-from metrale_model_arch.families.gguf_names import LLAMA_GGUF_NAMES, QWEN_GGUF_NAMES
+from metrale_model_arch.families.gguf_names import (
+    GEMMA_GGUF_NAMES,
+    GLM4_MOE_GGUF_NAMES,
+    LLAMA_GGUF_NAMES,
+    OLMO2_GGUF_NAMES,
+    PHI3_GGUF_NAMES,
+    QWEN_GGUF_NAMES,
+    GgufNames,
+)
 from metrale_model_arch.families.glm4_moe import Glm4MoeForCausalLM, glm4_moe_checkpoint_mapping
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM, glm5_next_checkpoint_mapping
 from metrale_model_arch.families.gpt_oss import GptOssForCausalLM, gpt_oss_checkpoint_mapping
@@ -93,7 +101,7 @@ GLM4_MOE = Architecture(
     model_type="glm4_moe",
     module=Glm4MoeForCausalLM,
     checkpoint_mapping=glm4_moe_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=GLM4_MOE_GGUF_NAMES,
     param_counts=glm4_moe_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE}),
@@ -141,7 +149,7 @@ QWEN3_NEXT = Architecture(
     traits=frozenset({Trait.MOE, Trait.LINEAR_STATE}),
 )
 SLIDING = frozenset({Trait.SLIDING_WINDOW})
-# Eager only, no GGUF, no int8 path (see ``families.dense_variants``).
+# Eager only, no int8 path (see ``families.dense_variants``).
 DENSE_VARIANT = Architecture(
     model_type="olmo2",
     module=DenseVariantForCausalLM,
@@ -160,14 +168,14 @@ QWEN2_5_VL = Architecture(
     cache_specs=attention_cache_specs,
     traits=SLIDING,
 )
-# model type -> traits
-DENSE_VARIANT_TYPES = {
-    "olmo2": frozenset[Trait](),
-    "granite": frozenset[Trait](),
-    "smollm3": SLIDING,
-    "phi3": SLIDING,
-    "gemma2": SLIDING,
-    "gemma3_text": SLIDING,
+# model type -> traits, llama.cpp names (granite and smollm3 convert as llama: permuted)
+DENSE_VARIANT_TYPES: dict[str, tuple[frozenset[Trait], GgufNames]] = {
+    "olmo2": (frozenset(), OLMO2_GGUF_NAMES),
+    "granite": (frozenset(), LLAMA_GGUF_NAMES),
+    "smollm3": (SLIDING, LLAMA_GGUF_NAMES),
+    "phi3": (SLIDING, PHI3_GGUF_NAMES),
+    "gemma2": (SLIDING, GEMMA_GGUF_NAMES),
+    "gemma3_text": (SLIDING, GEMMA_GGUF_NAMES),
 }
 # Eager only: gemma3_text's stack under a SigLIP tower and Gemma 3's projector.
 GEMMA3 = Architecture(
@@ -200,8 +208,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         GEMMA3,
         QWEN2_5_VL,
         *(
-            attrs.evolve(DENSE_VARIANT, model_type=name, traits=traits)
-            for name, traits in DENSE_VARIANT_TYPES.items()
+            attrs.evolve(DENSE_VARIANT, model_type=name, traits=traits, gguf_names=names)
+            for name, (traits, names) in DENSE_VARIANT_TYPES.items()
         ),
     )
 }

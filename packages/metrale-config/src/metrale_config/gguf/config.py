@@ -1,4 +1,5 @@
-"""GGUF metadata → ``ModelConfig`` for the llama-like architectures (llama, qwen2, qwen3)."""
+"""GGUF metadata → ``ModelConfig``: the llama-like architectures (llama, qwen2, qwen3, qwen3moe)
+here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 
 from metrale_config.errors import ConfigError
 from metrale_config.fields import FieldReader
+from metrale_config.gguf.dense_families import DENSE_GGUF_ARCHITECTURES, with_dense_family
+from metrale_config.gguf.glm4_moe import GLM4_MOE_ARCHITECTURE, with_glm4_moe
 from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
 from metrale_config.gguf.moe import model_type_of, with_moe
 from metrale_config.layer_types import LayerType
@@ -14,7 +17,16 @@ from metrale_config.model_config import ModelConfig
 from metrale_config.rope import RopeScaling
 from metrale_config.validation import validate_model_config
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_GGUF_ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    *DENSE_GGUF_ARCHITECTURES,
+    GLM4_MOE_ARCHITECTURE,
+)
+# GGUF architecture -> model_type where the names differ (MoE variants: ``gguf.moe``).
+MODEL_TYPE_OF_ARCHITECTURE = {"gemma3": "gemma3_text", GLM4_MOE_ARCHITECTURE: "glm4_moe"}
 # NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
 # config records it as a rope_type no family implements, so a family refuses it rather than
 # running with the wrong frequencies.
@@ -44,7 +56,7 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
     max_position_embeddings = reader.integer(f"{arch}.context_length")
     config = ModelConfig(
         source=header.source,
-        model_type=model_type_of(reader, arch),
+        model_type=MODEL_TYPE_OF_ARCHITECTURE.get(arch) or model_type_of(reader, arch),
         vocab_size=_vocab_size(reader, header, arch),
         hidden_size=hidden_size,
         intermediate_size=reader.integer(f"{arch}.feed_forward_length"),
@@ -69,6 +81,9 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         gguf_projection_types=_projection_types(header),
     )
     config = with_moe(config, reader, header, arch)
+    config = with_dense_family(config, reader, header, arch)
+    if arch == GLM4_MOE_ARCHITECTURE:
+        config = with_glm4_moe(config, reader, header)
     validate_model_config(config)
     return config
 

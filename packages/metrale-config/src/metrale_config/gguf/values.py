@@ -129,7 +129,7 @@ class GgufCursor:
         item_bytes = self._scalar_structs[value_type].size
         start = self._take(count * item_bytes, what)
         if value_type == GgufValueType.FLOAT32:
-            return _shortest_float32s(self.data[start : self.offset], self.byte_order)
+            return shortest_float32s(self.data[start : self.offset], self.byte_order)
         return list(struct.unpack_from(f"{self.byte_order}{count}{code}", self.data, start))
 
     def _take(self, num_bytes: int, what: str) -> int:
@@ -183,7 +183,8 @@ def _truncated(what: str, end: int, size: int) -> str:
     return f"truncated in {what}: it needs byte {end} of a {size}-byte file"
 
 
-def _shortest_float32s(raw: bytes, byte_order: str) -> list[object]:
+def shortest_float32s(raw: bytes, byte_order: str) -> list[object]:
+    """Each float32 of ``raw`` as the shortest decimal that is the same float32."""
     # numpy loads on first use; its float32 repr is the shortest decimal that round-trips.
     import numpy
 

@@ -43,6 +43,8 @@ class _PlannedTensor:
     ggml_type: gguf.GGMLQuantizationType
     # Rows are unpermuted in groups of this many heads; None when stored as-is.
     num_permuted_heads: int | None
+    # Subtracted from the values: what llama.cpp's converter added (gemma's norms).
+    stored_shift: float = 0.0
 
 
 def read_gguf_weights(
@@ -66,7 +68,8 @@ def iter_gguf_weights(
     """Yield ``(hf_name, tensor)`` for every tensor of ``header``'s file, float32 on the CPU.
 
     Each tensor is dequantized when it is reached (types ``SUPPORTED_GGML_TYPES``), laid out
-    row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows undone.
+    row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows and its
+    shift of gemma's norm weights undone.
     There is no ``lm_head.weight`` when the file ties it to the embedding. Unknown tensor names,
     unsupported types and tensors past the end of the file raise :class:`CheckpointError`
     before anything is yielded.
@@ -160,6 +163,7 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
                 hf_name=hf_name,
                 ggml_type=gguf.GGMLQuantizationType[info.ggml_type],
                 num_permuted_heads=None if permuted is None else heads[permuted],
+                stored_shift=names.stored_shift(info.name),
             )
         )
     return plan
@@ -190,13 +194,16 @@ def _read_tensor(
         )
     raw = file_data[info.data_offset : info.data_offset + info.num_bytes]
     blocks = raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
-    if q4_1_blocks and tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2:
+    is_q4_1_matrix = tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2
+    if q4_1_blocks and is_q4_1_matrix and not tensor.stored_shift:
         if tensor.num_permuted_heads is not None:
             blocks = unpermute_rotary_rows(blocks, tensor.num_permuted_heads)
         return Q4_1Blocks(np.asarray(blocks))
     values = dequantize(np.asarray(blocks), tensor.ggml_type)
     if tensor.num_permuted_heads is not None:
         values = unpermute_rotary_rows(values, tensor.num_permuted_heads)
+    if tensor.stored_shift:
+        values = values - np.float32(tensor.stored_shift)
     if not values.flags.writeable:
         # F32 comes back as a view of the read-only file mapping.
         values = values.copy()
