@@ -1,7 +1,7 @@
 """The engine on a tiny random ``kimi_linear`` checkpoint (a KDA layer, then a NoPE MLA layer
 with a sparse MoE FFN): transformers' greedy tokens, batched; plan == ledger byte for byte with
-the latent KV pool and the linear state pool; n-gram speculation rolls the KDA state back and
-keeps the greedy tokens."""
+the latent KV pool and the linear state pool; n-gram and draft-model speculation roll the KDA
+state back and keep the greedy tokens."""
 
 from __future__ import annotations
 
@@ -109,6 +109,25 @@ def test_ngram_speculation_rolls_the_state_back_and_keeps_greedy_tokens(model_di
     assert generate(llm, batch) == plain
     stats = llm.engine.stats
     assert stats.num_draft_tokens > 0, stats
+    rollback = llm.engine.core.rollback
+    assert rollback is not None
+    assert rollback.num_rollbacks > 0
+
+
+def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
+    model_dir: Path, tiny_model_dir: Path
+) -> None:
+    # The tiny random Llama (the same vocabulary) drafts: its drafts are mostly rejected, so
+    # the KDA state is rolled back again and again.
+    batch = repeated_phrase_prompts(4, seed=5)
+    plain = generate(kimi(model_dir), batch)
+    spec = SpeculativeConfig(
+        method="draft_model", model=str(tiny_model_dir), num_speculative_tokens=3
+    )
+    llm = kimi(model_dir, speculative_config=spec)
+    assert generate(llm, batch) == plain
+    stats = llm.engine.stats
+    assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
     rollback = llm.engine.core.rollback
     assert rollback is not None
     assert rollback.num_rollbacks > 0

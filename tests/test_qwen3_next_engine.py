@@ -1,6 +1,7 @@
 """The engine on a tiny random ``qwen3_next`` checkpoint (Gated DeltaNet, gated attention, a
 dense layer beside MoE layers with a gated shared expert): transformers' greedy tokens, batched
-in prefill chunks; plan == ledger byte for byte with the KV pool and the linear state pool."""
+in prefill chunks; plan == ledger byte for byte with the KV pool and the linear state pool;
+draft-model and n-gram speculation roll the state back and keep the greedy tokens."""
 
 from __future__ import annotations
 
@@ -118,6 +119,21 @@ def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
     assert generate(llm, batch) == plain
     stats = llm.engine.stats
     assert stats.num_draft_tokens > 0, stats
+    rollback = llm.engine.core.rollback
+    assert rollback is not None
+    assert rollback.num_rollbacks > 0
+
+
+def test_ngram_speculation_rolls_the_state_back_and_keeps_greedy_tokens(model_dir: Path) -> None:
+    # A random model seldom repeats itself: with these prompts n-gram lookup drafts 5 tokens
+    # at 2 steps, all rejected (the Gated DeltaNet state rolled back).
+    batch = repeated_phrase_prompts(8, seed=13)
+    plain = generate(qwen3_next(model_dir), batch)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    llm = qwen3_next(model_dir, speculative_config=spec)
+    assert generate(llm, batch) == plain
+    stats = llm.engine.stats
+    assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
     rollback = llm.engine.core.rollback
     assert rollback is not None
     assert rollback.num_rollbacks > 0

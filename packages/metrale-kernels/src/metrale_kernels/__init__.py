@@ -7,6 +7,7 @@ from metrale_kernels.attention_metadata import AttentionMetadata, build_attentio
 from metrale_kernels.backend import KernelBackend, TorchBackend
 from metrale_kernels.backend_choice import BACKEND_NAMES, BackendUnavailableError, get_backend
 from metrale_kernels.column_split import ColumnSplit
+from metrale_kernels.compute_dtype import compute_dtype, widened
 from metrale_kernels.cpu_features import CpuFeatures, cpu_features
 from metrale_kernels.reference.dsa import (
     index_scores,
@@ -45,6 +46,7 @@ __all__ = [
     "KernelBackend",
     "TorchBackend",
     "build_attention_metadata",
+    "compute_dtype",
     "cos_sin_cache",
     "cpu_features",
     "default_inv_freq",
@@ -70,4 +72,5 @@ __all__ = [
     "short_conv",
     "softmax_topk_routing",
     "sparse_latent_attention",
+    "widened",
 ]

@@ -18,9 +18,12 @@ from metrale_config import LINEAR_ATTENTION, SLIDING_ATTENTION, SPARSE_ATTENTION
 from metrale_kernels.reference.kv_quantization import SCALE_BYTES
 from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
 
-# "model": the serve dtype; the others are fixed whatever the serve dtype (the one-byte floats
-# and int8 hold quantized K/V rows, :mod:`metrale_model_arch.kv_cache_dtype`).
-TensorDtype = Literal["model", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2"]
+# "model": the serve dtype; "compute": what the ops reduce in, float32 (float64 at a float64
+# serve: :func:`metrale_kernels.compute_dtype`); the others are fixed whatever the serve dtype
+# (the one-byte floats and int8 hold quantized K/V rows, :mod:`metrale_model_arch.kv_cache_dtype`).
+TensorDtype = Literal[
+    "model", "compute", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2"
+]
 FIXED_DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
     "uint8": 1,
@@ -34,7 +37,11 @@ FLOAT32_BYTES = 4
 
 
 def dtype_bytes_of(dtype: TensorDtype, model_dtype_bytes: int) -> int:
-    return model_dtype_bytes if dtype == "model" else FIXED_DTYPE_BYTES[dtype]
+    if dtype == "model":
+        return model_dtype_bytes
+    if dtype == "compute":
+        return max(FLOAT32_BYTES, model_dtype_bytes)
+    return FIXED_DTYPE_BYTES[dtype]
 
 
 @attrs.frozen(kw_only=True)
@@ -130,13 +137,13 @@ class MlaLatentSpec(LayerCacheSpec):
 
 @attrs.frozen(kw_only=True)
 class PagedIndexerSpec(LayerCacheSpec):
-    """The DSA indexer's float32 key of every token, in the KV pool."""
+    """The DSA indexer's float32 (compute dtype) key of every token, in the KV pool."""
 
     index_head_dim: int
 
     def paged(self) -> tuple[PagedTensors, ...]:
         shape = (self.index_head_dim,)
-        return (PagedTensors(roles=("index_keys",), token_shape=shape, dtype="float32"),)
+        return (PagedTensors(roles=("index_keys",), token_shape=shape, dtype="compute"),)
 
 
 @attrs.frozen(kw_only=True)
@@ -153,7 +160,7 @@ class FlatIndexerSpec(LayerCacheSpec):
             StateTensor(
                 role="index_keys",
                 shape=(capacity, self.index_head_dim),
-                dtype="float32",
+                dtype="compute",
                 owner=PER_SEQUENCE_STATE,
             ),
             StateTensor(
@@ -179,9 +186,10 @@ class SparseAttentionSpec(LayerCacheSpec):
 @attrs.frozen(kw_only=True)
 class LinearAttentionSpec(LayerCacheSpec):
     """Linear attention (KDA, Gated DeltaNet): nothing per token; per sequence a float32
-    recurrent state ``(heads, head_dim, value_head_dim)`` and the last ``conv_kernel_dim - 1``
-    inputs of the short convolution over q, k (``num_key_heads`` heads of ``head_dim`` each) and
-    v (``num_heads`` of ``value_head_dim``). The pool holds one dummy slot for padded rows."""
+    (compute dtype) recurrent state ``(heads, head_dim, value_head_dim)`` and the last
+    ``conv_kernel_dim - 1`` inputs of the short convolution over q, k (``num_key_heads`` heads
+    of ``head_dim`` each) and v (``num_heads`` of ``value_head_dim``). The pool holds one dummy
+    slot for padded rows."""
 
     num_heads: int
     head_dim: int
@@ -200,14 +208,14 @@ class LinearAttentionSpec(LayerCacheSpec):
             StateTensor(
                 role="recurrent",
                 shape=(self.num_heads, self.head_dim, self.value_head_dim),
-                dtype="float32",
+                dtype="compute",
                 owner=LINEAR_STATE_POOL,
                 num_dummy_slots=1,
             ),
             StateTensor(
                 role="conv",
                 shape=(channels, self.conv_kernel_dim - 1),
-                dtype="float32",
+                dtype="compute",
                 owner=LINEAR_STATE_POOL,
                 num_dummy_slots=1,
             ),

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from metrale_config import ModelConfig
+from metrale_kernels import compute_dtype
 from metrale_model_arch.allocator import TensorAllocator, plain_allocator
 from metrale_model_arch.cache_spec import LayerCacheSpec, PagedTensors, StateTensor, TensorDtype
 from metrale_model_arch.families.base import LayerCache
@@ -34,7 +35,11 @@ _FIXED_DTYPES = {
 
 
 def _torch_dtype(dtype: TensorDtype, model_dtype: torch.dtype) -> torch.dtype:
-    return model_dtype if dtype == "model" else _FIXED_DTYPES[dtype]
+    if dtype == "model":
+        return model_dtype
+    if dtype == "compute":
+        return compute_dtype(model_dtype)
+    return _FIXED_DTYPES[dtype]
 
 
 def kv_cache_bytes_per_token(

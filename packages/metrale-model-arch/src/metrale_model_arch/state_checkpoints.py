@@ -163,11 +163,12 @@ def allocate_state_checkpoints(
     saved_keys = saved_flags = None
     kpool = config.dsa.index_kpool if config.dsa is not None else 1
     if index_keys:
-        device, dim = index_keys[0].device, index_keys[0].shape[-1]
-        shape = (len(index_keys), num_slots, kpool)
-        saved_keys = allocator(SPEC_STATE_SNAPSHOT, (*shape, dim), torch.float32, device).zero_()
+        first = index_keys[0]
+        shape = (len(index_keys), num_slots, kpool, first.shape[-1])
+        saved_keys = allocator(SPEC_STATE_SNAPSHOT, shape, first.dtype, first.device).zero_()
         if index_flags:
-            saved_flags = allocator(SPEC_STATE_SNAPSHOT, shape, torch.uint8, device).zero_()
+            saved_flags = allocator(SPEC_STATE_SNAPSHOT, shape[:-1], torch.uint8, first.device)
+            saved_flags.zero_()
     return StateCheckpoints(
         linear=tuple(linear),
         index_keys=tuple(index_keys),

@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+# Not a ``--dtype`` choice: the Python API's dtype for exactness checks, where float32 rounding
+# would hide an error (on the CPU with the torch kernel backend only).
+EXACTNESS_DTYPE_NAME = "float64"
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto``.
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
 # ``metrale_model_arch.KV_CACHE_DTYPE_NAMES`` (vLLM's names; ``fp8`` is ``fp8_e4m3``).

@@ -38,9 +38,10 @@ class EngineArgs:
     AWQ/GPTQ int4 checkpoint (where the native cpu kernels run it), ``none`` otherwise;
     ``int8`` and ``q4`` of float weights are lossy and only ever asked for. ``dtype`` ``auto``
     is the checkpoint's own where the device computes it natively
-    (:func:`metrale_server.devices.resolve_dtype`). ``kv_cache_dtype``: how K/V attention
-    layers store their cache, ``auto`` (the serve dtype), ``int8``, ``fp8`` / ``fp8_e4m3`` or
-    ``fp8_e5m2`` (one byte a value and a float16 scale a row:
+    (:func:`metrale_server.devices.resolve_dtype`); ``float64``, not a ``--dtype`` choice, is
+    for exactness checks (the CPU, ``kernel_backend`` ``torch``). ``kv_cache_dtype``: how K/V
+    attention layers store their cache, ``auto`` (the serve dtype), ``int8``, ``fp8`` /
+    ``fp8_e4m3`` or ``fp8_e5m2`` (one byte a value and a float16 scale a row:
     :mod:`metrale_model_arch.kv_cache_dtype`; lossy, only ever asked for).
     ``kernel_backend`` runs the model's ops: ``torch`` (the reference), ``cpu`` (native C++
     kernels, built on the machine in the background at the first start), ``cupy`` (CUDA

@@ -10,9 +10,11 @@ from metrale_model_arch import LoadedModel, Quantization
 from metrale_model_arch.int4_format import has_input_order
 from metrale_model_arch.memory.weights import q4_support_error
 from metrale_model_arch.registry import ARCHITECTURES
-from metrale_server.arg_choices import DTYPE_NAMES
+from metrale_server.arg_choices import DTYPE_NAMES, EXACTNESS_DTYPE_NAME
 
-DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name) for name in (*DTYPE_NAMES, EXACTNESS_DTYPE_NAME)
+}
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -43,13 +45,26 @@ def resolve_dtype(
     GGUF); on a CPU bf16 only where it has bf16 dot products (AVX512-BF16, AMX), else float32,
     which holds a bf16 or fp16 weight exactly. Never a lossy cast the user did not ask for."""
     if spec != "auto":
+        if spec not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {spec!r}")
         return DTYPES[spec]
-    saved = DTYPES.get(config.torch_dtype or "") if config is not None else None
+    saved_name = config.torch_dtype if config is not None else None
+    saved = DTYPES[saved_name] if saved_name in DTYPE_NAMES else None
     if device.type == "cuda":
         return saved if saved is not None else torch.bfloat16
     if saved == torch.bfloat16 and cpu_features().bf16_dot:
         return torch.bfloat16
     return torch.float32
+
+
+def check_dtype_runs(dtype: torch.dtype, device: torch.device, kernel_backend: str) -> None:
+    """Raises ``ValueError`` where ``dtype`` cannot run: float64 (exactness checks) runs only on
+    the CPU with the torch reference kernels; the native and CUDA kernels stop at float32."""
+    if dtype == torch.float64 and (device.type != "cpu" or kernel_backend != "torch"):
+        raise ValueError(
+            f"dtype {EXACTNESS_DTYPE_NAME} (for exactness checks) runs on the cpu with "
+            f"kernel_backend torch only, not on {device} with kernel_backend {kernel_backend}"
+        )
 
 
 # A GGUF's ggml types whose blocks q4 keeps bit for bit.

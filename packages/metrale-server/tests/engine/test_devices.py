@@ -12,7 +12,12 @@ from metrale_kernels.cpu_features import CpuFeatures
 from metrale_model_arch import QUANTIZATION_NAMES, LoadedModel, Quantization
 from metrale_server import EngineArgs, devices
 from metrale_server.arg_choices import QUANTIZATION_CHOICES
-from metrale_server.devices import resolve_device, resolve_dtype, resolve_quantization
+from metrale_server.devices import (
+    check_dtype_runs,
+    resolve_device,
+    resolve_dtype,
+    resolve_quantization,
+)
 
 
 def test_auto_is_cpu_float32_without_cuda() -> None:
@@ -56,6 +61,17 @@ def test_auto_dtype_on_a_cpu_is_the_checkpoints_where_it_computes_natively(
 )
 def test_auto_dtype_on_cuda_is_the_checkpoints(saved: str | None, expected: torch.dtype) -> None:
     assert resolve_dtype("auto", torch.device("cuda"), dtype_config(saved)) is expected
+
+
+def test_float64_is_for_exactness_checks_on_the_cpu_torch_kernels_only() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("float64", cpu) is torch.float64
+    assert resolve_dtype("auto", cpu, dtype_config("float64")) is torch.float32  # never chosen
+    check_dtype_runs(torch.float64, cpu, "torch")
+    for device, backend in ((cpu, "auto"), (cpu, "cpu"), (torch.device("cuda"), "torch")):
+        with pytest.raises(ValueError, match="kernel_backend torch only"):
+            check_dtype_runs(torch.float64, device, backend)
+    check_dtype_runs(torch.float32, cpu, "auto")
 
 
 def test_cuda_without_a_device_is_refused() -> None:

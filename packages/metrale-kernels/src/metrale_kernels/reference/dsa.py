@@ -5,12 +5,15 @@ The indexer scores pools of ``P`` consecutive cached tokens: each complete pool 
 key (:func:`pool_index_keys`), every query scores every pool (:func:`index_scores`), and the
 top pools plus the current incomplete pool are the positions the query attends to
 (:func:`select_positions`). :func:`sparse_latent_attention` is MLA in latent space over them.
-All of it works on ONE sequence; reductions are float32.
+All of it works on ONE sequence; reductions are float32 (float64 for float64 inputs:
+:func:`~metrale_kernels.compute_dtype.compute_dtype`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from metrale_kernels.compute_dtype import compute_dtype, widened
 
 # Query rows are processed in blocks whose largest temporary holds about this many elements.
 _BLOCK_ELEMENTS = 1 << 24
@@ -28,8 +31,8 @@ def pool_index_keys(keys: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tens
     term. ``weight = softmax over P of gate_logits[..., c]``, ``out[j, c] = sum_i weight_i *
     keys[j, i, c]``, all in float32. Returns ``(num_pools, dI)`` float32.
     """
-    weights = gate_logits.float().softmax(dim=1)
-    return (weights * keys.float()).sum(dim=1)
+    weights = widened(gate_logits).softmax(dim=1)
+    return (weights * keys.to(weights.dtype)).sum(dim=1)
 
 
 def index_scores(
@@ -43,12 +46,13 @@ def index_scores(
     ``nI**-0.5``). Returns ``(T, J)``.
     """
     num_queries, num_heads, _ = index_q.shape
-    keys_t = pooled_keys.float().T
-    out = torch.empty(num_queries, keys_t.shape[1], dtype=torch.float32, device=index_q.device)
+    wide = compute_dtype(index_q.dtype)
+    keys_t = pooled_keys.to(wide).T
+    out = torch.empty(num_queries, keys_t.shape[1], dtype=wide, device=index_q.device)
     for rows in _row_blocks(num_queries, num_heads * keys_t.shape[1]):
         # (rows, nI, J)
-        logits = (index_q[rows].float() @ keys_t).mul_(scale).relu_()
-        out[rows] = (head_weights[rows].float().unsqueeze(1) @ logits).squeeze(1)
+        logits = (index_q[rows].to(wide) @ keys_t).mul_(scale).relu_()
+        out[rows] = (head_weights[rows].to(wide).unsqueeze(1) @ logits).squeeze(1)
     return out
 
 
@@ -91,7 +95,7 @@ def select_positions(
     num_chosen = min(topk_pools, num_pools)
     if num_chosen:
         candidate = torch.arange(num_pools, device=device) < complete[:, None]
-        ranked = scores.float().masked_fill(~candidate, float("-inf"))
+        ranked = widened(scores).masked_fill(~candidate, float("-inf"))
         chosen = ranked.topk(num_chosen, dim=1).indices
         # A row with fewer than num_chosen candidates also takes some ignored columns.
         tokens = chosen[..., None] * kpool + torch.arange(kpool, device=device)
@@ -124,18 +128,17 @@ def sparse_latent_attention(
     block_size = latent_cache.shape[1]
     slots = latent_cache.view(-1, rank)
     out = torch.empty_like(q)
+    wide = compute_dtype(q.dtype)
     for rows in _row_blocks(num_queries, selected.shape[1] * rank):
         chosen = selected[rows]
         valid = chosen >= 0
         picked = chosen[valid]
         slot_ids = block_table[picked // block_size] * block_size + picked % block_size
         # (rows, W, R): zeros where nothing is selected.
-        context = torch.zeros(
-            (*chosen.shape, rank), dtype=torch.float32, device=latent_cache.device
-        )
-        context[valid] = slots.index_select(0, slot_ids).float()
+        context = torch.zeros((*chosen.shape, rank), dtype=wide, device=latent_cache.device)
+        context[valid] = slots.index_select(0, slot_ids).to(wide)
         unused = ~valid[:, None, :]
-        logits = (q[rows].float() @ context.mT).mul_(scale).masked_fill_(unused, float("-inf"))
+        logits = (q[rows].to(wide) @ context.mT).mul_(scale).masked_fill_(unused, float("-inf"))
         # An empty row softmaxes to NaN everywhere, all of it masked back to 0 here.
         probs = logits.softmax(dim=-1).masked_fill_(unused, 0.0)
         out[rows] = (probs @ context).to(q.dtype)

@@ -4,13 +4,16 @@ One sequence at a time (prefill) or one token for each of a batch of sequences (
 arithmetic is float32, as is the recurrent state ``(heads, d, d_v)``: key dim first, value dim
 second (``d_v`` is ``d`` for KDA). The log-decay ``g`` is per channel of the key dim ``(..., d)``
 (KDA) or per head, ``(..., 1)`` broadcast over it (Gated DeltaNet, Qwen3-Next). Inputs are
-never modified, except the ``states`` that :func:`kda_decode_step` updates in place.
+never modified, except the ``states`` that :func:`kda_decode_step` updates in place. "float32"
+below is :func:`~metrale_kernels.compute_dtype.compute_dtype`: float64 for float64 inputs.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.nn import functional
+
+from metrale_kernels.compute_dtype import compute_dtype
 
 # Rows of a chunk's intra-chunk products are taken this many at a time (see ``_decayed_scores``).
 _ROW_BLOCK = 8
@@ -30,8 +33,9 @@ def short_conv(
     num_tokens = x.shape[0]
     kernel = weight.shape[1]
     # (K-1+T, C): u[K-1+t] is x[t].
-    u = torch.cat([history.float().T, x.float()])
-    weight = weight.float()
+    wide = compute_dtype(x.dtype)
+    u = torch.cat([history.to(wide).T, x.to(wide)])
+    weight = weight.to(wide)
     out = u[:num_tokens] * weight[:, 0]
     for i in range(1, kernel):
         out.addcmul_(u[i : i + num_tokens], weight[:, i])
@@ -74,9 +78,10 @@ def kda_recurrent(
     and head: ``S <- diag(exp(g_t)) S``; ``S <- S + k_t outer (beta_t * (v_t - S^T k_t))``;
     ``o_t = S^T q_t``. Returns ``(o (T, H, d), final state (H, d, d))``, both float32.
     """
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    state = state.float().clone()
-    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    wide = compute_dtype(v.dtype)
+    q, k, v, g, beta = (t.to(wide) for t in (q, k, v, g, beta))
+    state = state.to(wide, copy=True)
+    out = torch.empty(v.shape, dtype=wide, device=v.device)
     for t in range(q.shape[0]):
         out[t] = _delta_step(q[t], k[t], v[t], g[t], beta[t], state)
     return out, state
@@ -95,9 +100,11 @@ def kda_decode_step(
     ``q, k, v, g (B, H, d)``, ``beta (B, H)``; ``states (B, H, d, d)`` float32 is UPDATED IN
     PLACE (it may be a gathered copy the caller scatters back). Returns ``o (B, H, d)`` float32.
     """
-    if states.dtype != torch.float32:
-        raise ValueError(f"states must be float32 (updated in place), got {states.dtype}")
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    wide = compute_dtype(v.dtype)
+    if states.dtype != wide:
+        name = str(wide).removeprefix("torch.")
+        raise ValueError(f"states must be {name} (updated in place), got {states.dtype}")
+    q, k, v, g, beta = (t.to(wide) for t in (q, k, v, g, beta))
     return _delta_step(q, k, v, g, beta, states)
 
 
@@ -152,10 +159,11 @@ def kda_chunked(
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     num_tokens, num_heads, dim = v.shape
     # (H, T, d) and (H, T, 1)
-    q, k, v, g = (t.float().transpose(0, 1) for t in (q, k, v, g))
-    beta = beta.float().T.unsqueeze(-1)
-    state = state.float().clone()
-    out = torch.empty(num_tokens, num_heads, dim, dtype=torch.float32, device=v.device)
+    wide = compute_dtype(v.dtype)
+    q, k, v, g = (t.to(wide).transpose(0, 1) for t in (q, k, v, g))
+    beta = beta.to(wide).T.unsqueeze(-1)
+    state = state.to(wide, copy=True)
+    out = torch.empty(num_tokens, num_heads, dim, dtype=wide, device=v.device)
     for start in range(0, num_tokens, chunk_size):
         span = slice(start, min(start + chunk_size, num_tokens))
         q_c, k_c, v_c, beta_c = q[:, span], k[:, span], v[:, span], beta[:, span]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from metrale_kernels.compute_dtype import compute_dtype
 from metrale_kernels.row_invariant import (
     matmul_call_rows,
     matmul_row_tile,
@@ -62,7 +63,8 @@ def fused_moe(
     token_ids = order // top_k
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     routed = hidden.index_select(0, token_ids)
-    expert_out = torch.empty(routed.shape, dtype=torch.float32, device=hidden.device)
+    wide = compute_dtype(hidden.dtype)
+    expert_out = torch.empty(routed.shape, dtype=wide, device=hidden.device)
     # On the CPU each expert's rows are padded to whole row tiles: a token's result does not
     # depend on how many others chose its experts (:mod:`metrale_kernels.row_invariant`).
     tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
@@ -80,8 +82,8 @@ def fused_moe(
             activated, w_down[expert], None, tile, call_rows=call_rows
         )
         start += count
-    expert_out *= topk_weights.flatten().index_select(0, order).float()[:, None]
-    summed = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    expert_out *= topk_weights.flatten().index_select(0, order).to(wide)[:, None]
+    summed = torch.zeros(num_tokens, hidden.shape[1], dtype=wide, device=hidden.device)
     summed.index_add_(0, token_ids, expert_out)
     if out is None:
         return summed.to(hidden.dtype)

@@ -1,12 +1,14 @@
 """Reference MoE routers: which ``top_k`` experts each token goes to, and with what weight.
 
-Each returns ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 and int64, each row in
-descending order of the score the experts were chosen by.
+Each returns ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 (float64 for float64 logits)
+and int64, each row in descending order of the score the experts were chosen by.
 """
 
 from __future__ import annotations
 
 import torch
+
+from metrale_kernels.compute_dtype import widened
 
 
 def _check_top_k(router_logits: torch.Tensor, top_k: int) -> None:
@@ -25,7 +27,7 @@ def softmax_topk_routing(
     ``torch.topk`` breaks them on the probabilities, as in transformers.
     """
     _check_top_k(router_logits, top_k)
-    probs = router_logits.float().softmax(dim=-1)
+    probs = widened(router_logits).softmax(dim=-1)
     topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
@@ -49,7 +51,7 @@ def grouped_softmax_topk_routing(
     _check_top_k(router_logits, top_k)
     num_tokens, num_experts = router_logits.shape
     _check_groups(num_experts, top_k, num_groups, topk_groups)
-    probs = router_logits.float().softmax(dim=-1)
+    probs = widened(router_logits).softmax(dim=-1)
     candidates = probs
     if topk_groups < num_groups:
         # (tokens, groups, experts_per_group)
@@ -92,8 +94,8 @@ def grouped_sigmoid_topk_routing(
     _check_top_k(router_logits, top_k)
     num_tokens, num_experts = router_logits.shape
     _check_groups(num_experts, top_k, num_groups, topk_groups)
-    scores = router_logits.float().sigmoid()
-    biased = scores + correction_bias.float()
+    scores = widened(router_logits).sigmoid()
+    biased = scores + correction_bias.to(scores.dtype)
     if topk_groups < num_groups:
         # (tokens, groups, experts_per_group)
         grouped = biased.view(num_tokens, num_groups, -1)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
+from metrale_kernels.compute_dtype import widened
+
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    x32 = x.to(torch.float32)
+    x32 = widened(x)
     normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     if out is None:
         return weight * normed.to(x.dtype)

@@ -44,11 +44,13 @@ def draft_model_bytes(draft: DraftInputs, dtype_bytes: int, max_seq_len: int) ->
     return weights + rope_table_bytes(draft.config, draft_max_seq_len(draft.config, max_seq_len))
 
 
-def draft_state_bytes(draft: DraftInputs, max_batch_size: int) -> int:
+def draft_state_bytes(draft: DraftInputs, max_batch_size: int, dtype_bytes: int) -> int:
     """A draft with per-sequence state (linear attention): its state pool and its checkpoints,
-    one per slot (its indexer, like its K/V, paged in the draft pool); 0 for any other."""
-    return linear_state_pool_bytes(draft.config, max_batch_size) + spec_checkpoint_reserve_bytes(
-        draft.config, max_batch_size, indexer_paged=True, spec_on=True
+    one per slot (its indexer, like its K/V, paged in the draft pool), at a serve dtype of
+    ``dtype_bytes``; 0 for any other."""
+    pool = linear_state_pool_bytes(draft.config, max_batch_size, dtype_bytes)
+    return pool + spec_checkpoint_reserve_bytes(
+        draft.config, max_batch_size, indexer_paged=True, spec_on=True, dtype_bytes=dtype_bytes
     )
 
 

@@ -263,7 +263,11 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
     rope = rope_table_bytes(config, inputs.max_seq_len)
     # Only the MTP proposer owns per-sequence state: n-gram and draft-model speculation none.
     per_sequence = per_sequence_state_bytes(
-        config, inputs.max_seq_len, inputs.mtp, indexer_paged=inputs.indexer_paged
+        config,
+        inputs.max_seq_len,
+        inputs.mtp,
+        indexer_paged=inputs.indexer_paged,
+        dtype_bytes=inputs.dtype_bytes,
     )
     per_token = kv_bytes_per_token(
         config,
@@ -281,9 +285,13 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         per_sequence=per_sequence,
         per_sequence_reserve_bytes=per_sequence.for_batch(max_batch_size),
         spec_snapshot_bytes=spec_checkpoint_reserve_bytes(
-            config, max_batch_size, indexer_paged=inputs.indexer_paged, spec_on=inputs.spec_on
+            config,
+            max_batch_size,
+            indexer_paged=inputs.indexer_paged,
+            spec_on=inputs.spec_on,
+            dtype_bytes=inputs.dtype_bytes,
         ),
-        linear_state_pool_bytes=linear_state_pool_bytes(config, max_batch_size),
+        linear_state_pool_bytes=linear_state_pool_bytes(config, max_batch_size, inputs.dtype_bytes),
         buffer_arena_bytes=buffer_arena_bytes(
             config,
             max_batch_tokens=inputs.max_batch_tokens,
@@ -307,7 +315,7 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             draft_model_bytes=draft_model_bytes(
                 inputs.draft, inputs.dtype_bytes, inputs.max_seq_len
             )
-            + draft_state_bytes(inputs.draft, max_batch_size),
+            + draft_state_bytes(inputs.draft, max_batch_size, inputs.dtype_bytes),
             draft_kv_bytes_per_token=draft_kv_bytes_per_token(inputs.draft, inputs.dtype_bytes),
         )
     if inputs.encoder is not None:

@@ -97,14 +97,20 @@ def proposer_buffers(config: ModelConfig, max_seq_len: int) -> tuple[ProposerBuf
 
 
 def per_sequence_state_bytes(
-    config: ModelConfig, max_seq_len: int, spec_on: bool, *, indexer_paged: bool = False
+    config: ModelConfig,
+    max_seq_len: int,
+    spec_on: bool,
+    *,
+    indexer_paged: bool = False,
+    dtype_bytes: int = BF16_BYTES,
 ) -> PerSequenceState:
     """Per-sequence owned device state of ``config`` at a ``max_seq_len`` context.
 
     ``target_layers`` is what the layers' cache specs hold per sequence (the flat DSA indexer;
     zero with ``indexer_paged``, where the indexer lives in the KV pool and is priced per token
     there). ``spec_on`` (MTP speculation) gates the proposer term: with it off no proposer
-    exists; with it on, a DSA drafter owns :func:`proposer_buffers`.
+    exists; with it on, a DSA drafter owns :func:`proposer_buffers`. ``dtype_bytes``, the
+    serve dtype's, widens the indexer keys only at float64.
 
     NOTE: the proposer term is the same in both indexer layouts. The drafter's indexer is the
     proposer's own state (seed 003), flat even when the target's is paged: at GLM-5.3's
@@ -112,7 +118,6 @@ def per_sequence_state_bytes(
     11 times that for the target's layers, which is why only theirs is paged by default.
     """
     specs = cache_specs(config, indexer_paged=indexer_paged)
-    dtype_bytes = BF16_BYTES  # per-sequence tensors have fixed dtypes
     target_layers = state_bytes_per_slot(specs, PER_SEQUENCE_STATE, max_seq_len, dtype_bytes)
     proposer = 0
     if spec_on:

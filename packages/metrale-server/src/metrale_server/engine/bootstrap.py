@@ -180,6 +180,7 @@ def _load_draft_proposer(
         max_seq_len=draft_max_seq_len(draft_inputs.config, max_seq_len),
         allocator=draft_allocator(ledger.allocate),
         quantization=draft_inputs.quantization,
+        kernel_backend=args.kernel_backend,
     )
     draft = load_model(speculative.model, options)
     check_same_tokenizer(loaded, draft)

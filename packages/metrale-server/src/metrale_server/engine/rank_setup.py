@@ -15,7 +15,7 @@ from metrale_model_arch.loading import ProgressObserver
 from metrale_model_arch.memory import MemoryPlan
 from metrale_model_arch.parallel import TensorShard
 from metrale_server.args import EngineArgs
-from metrale_server.devices import resolve_device, resolve_dtype
+from metrale_server.devices import check_dtype_runs, resolve_device, resolve_dtype
 from metrale_server.engine.encoder_cache import EncoderCache
 from metrale_server.engine.image_step import ImageStep
 from metrale_server.engine.model_runner import ModelRunner
@@ -42,6 +42,7 @@ def resolve_target(
     device = resolve_device(args.device) if device is None else device
     config = engine_model_config(args) if config is None else config
     dtype = resolve_dtype(args.dtype, device, config)
+    check_dtype_runs(dtype, device, args.kernel_backend)
     return EngineTarget(config=config, device=device, dtype=dtype)
 
 

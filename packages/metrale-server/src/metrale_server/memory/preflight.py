@@ -254,11 +254,11 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         f"RoPE table: {_mb(plan.rope_table_bytes)} MiB ({inputs.max_seq_len} positions, float32)",
     ]
     if config.model_type in GLM5_NEXT_MODEL_TYPES and inputs.indexer_paged and config.dsa:
+        per_token = paged_indexer_bytes_per_token(config.dsa.index_head_dim, inputs.dtype_bytes)
         lines.append(
-            "GLM-5.3 DSA indexer: paged in each DSA layer's KV pool, "
-            f"{paged_indexer_bytes_per_token(config.dsa.index_head_dim)} B per token per DSA "
-            "layer inside the KV price; nothing reserved per sequence for the target's layers "
-            "(METRALE_GLM_DSA_INDEXER_FLAT=1 restores the flat cache)"
+            f"GLM-5.3 DSA indexer: paged in each DSA layer's KV pool, {per_token} B per token "
+            "per DSA layer inside the KV price; nothing reserved per sequence for the target's "
+            "layers (METRALE_GLM_DSA_INDEXER_FLAT=1 restores the flat cache)"
         )
     if plan.per_sequence_reserve_bytes > 0:
         lines.append(

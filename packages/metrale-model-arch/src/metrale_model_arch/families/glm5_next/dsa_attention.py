@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from metrale_config import DsaConfig, MlaConfig
-from metrale_kernels import AttentionMetadata, KernelBackend
+from metrale_kernels import AttentionMetadata, KernelBackend, widened
 from metrale_model_arch.families.glm5_next.indexer_cache import IndexerRows
 from metrale_model_arch.families.latent_attention import LatentExpansion, write_latent
 from metrale_model_arch.families.llama import RMSNorm
@@ -52,11 +52,11 @@ class Indexer(nn.Module):
     ) -> Selections:
         """Fold the step's tokens into the indexer cache, then each query's selected positions
         (one ``(query tokens, width)`` tensor per sequence, ``-1`` = none)."""
-        keys = self.k_norm(self.wk(x)).float()
-        logits = (x @ self.index_kpool_compress_gate.t()).float()
-        logits = logits + self.index_kpool_compress_ape.float()[positions % self.kpool]
-        queries = self.wq_b(q_latent).view(-1, self.num_heads, self.head_dim).float()
-        head_weights = self.weights_proj(x).float() * self.num_heads**-0.5
+        keys = widened(self.k_norm(self.wk(x)))
+        logits = widened(x @ self.index_kpool_compress_gate.t())
+        logits = logits + self.index_kpool_compress_ape.to(logits.dtype)[positions % self.kpool]
+        queries = widened(self.wq_b(q_latent).view(-1, self.num_heads, self.head_dim))
+        head_weights = widened(self.weights_proj(x)) * self.num_heads**-0.5
         starts = metadata.query_start_loc.tolist()
         selections = []
         for i, (seq_rows, seq_len) in enumerate(zip(rows, metadata.seq_lens, strict=True)):

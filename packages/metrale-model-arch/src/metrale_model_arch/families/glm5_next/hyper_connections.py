@@ -4,8 +4,8 @@ Before each mixer and each FFN a :class:`HyperConnection` reads the ``(tokens, N
 streams, makes the sub-layer's input as a weighted sum of them (``pre``), and after the
 sub-layer writes new streams: ``post[m] * y + sum_n comb[n, m] * X[n]``, where ``comb`` is a
 doubly-stochastic ``N x N`` matrix (softmax, then Sinkhorn normalisation). Nothing mixes
-tokens. All of it runs in float32; ``post`` and ``comb`` are cast to the streams' dtype before
-the mix.
+tokens. All of it runs in float32 (float64 at a float64 serve); ``post`` and ``comb`` are cast
+to the streams' dtype before the mix.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from metrale_config import MhcConfig
+from metrale_kernels import widened
 
 
 class HyperConnection(nn.Module):
@@ -33,16 +34,16 @@ class HyperConnection(nn.Module):
         """``streams (tokens, N, hidden)`` -> the sub-layer's input ``(tokens, hidden)`` and the
         ``post (tokens, N)`` and ``comb (tokens, N, N)`` weights :meth:`write` applies."""
         n = self.num_streams
-        flat = streams.flatten(1).float()
+        flat = widened(streams.flatten(1))
         flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + self.rms_norm_eps)
-        mixes = flat @ self.fn.float().t()
-        base, scale = self.base.float(), self.scale.float()
+        mixes = flat @ self.fn.to(flat.dtype).t()
+        base, scale = self.base.to(flat.dtype), self.scale.to(flat.dtype)
         pre = torch.sigmoid(scale[0] * mixes[:, :n] + base[:n]) + self.eps
         post = 2 * torch.sigmoid(scale[1] * mixes[:, n : 2 * n] + base[n : 2 * n])
         logits = scale[2] * mixes[:, 2 * n :] + base[2 * n :]
         comb = sinkhorn(logits.view(-1, n, n).softmax(dim=-1) + self.eps, self.eps,
                         self.num_sinkhorn_iters)  # fmt: skip
-        layer_input = (pre.unsqueeze(-1) * streams.float()).sum(dim=1).to(streams.dtype)
+        layer_input = (pre.unsqueeze(-1) * widened(streams)).sum(dim=1).to(streams.dtype)
         return layer_input, post.to(streams.dtype), comb.to(streams.dtype)
 
     @staticmethod

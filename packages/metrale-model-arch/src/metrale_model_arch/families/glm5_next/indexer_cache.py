@@ -1,4 +1,5 @@
-"""Where a DSA layer keeps its indexer keys between steps: one float32 row per token position.
+"""Where a DSA layer keeps its indexer keys between steps: one float32 row per token position
+(float64 at a float64 serve).
 
 The layer needs, for every complete pool ``j`` (positions ``jP .. jP+P-1``), its pooled key;
 for the pool still filling, enough to finish the pooled key when its last token arrives. Both
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from metrale_kernels import KernelBackend
+from metrale_kernels import KernelBackend, widened
 
 
 class IndexerRows:
@@ -97,10 +98,10 @@ class IndexerRows:
         first = position - position % pool
         if first + pool > self.capacity:
             return
-        logits = logits.float()
+        logits = widened(logits)
         peak = logits.max(dim=0).values
         weights = torch.exp(logits - peak)
-        total, weighted = weights.sum(dim=0), (weights * keys.float()).sum(dim=0)
+        total, weighted = weights.sum(dim=0), (weights * keys.to(weights.dtype)).sum(dim=0)
         rows = self._rows(torch.arange(first, first + min(pool, 3), device=keys.device))
         if position % pool:
             old_peak, old_total, old_weighted = self._running(rows)

@@ -1,10 +1,11 @@
 """KDA (Kimi Delta Attention): linear attention with a per-channel forget gate.
 
-Per sequence the layer keeps a float32 recurrent state ``(heads, head_dim, head_dim)`` and the
-last ``conv_kernel_dim - 1`` inputs of its short convolution, in the linear-state pool slot of
-the sequence (``metadata.state_slots``). A multi-token chunk runs the chunked form from the
-slot's state, a decode step the recurrent form for every sequence at once; both write the new
-state back, so a prompt split into chunks continues where the last chunk stopped.
+Per sequence the layer keeps a float32 (float64 at a float64 serve) recurrent state ``(heads,
+head_dim, head_dim)`` and the last ``conv_kernel_dim - 1`` inputs of its short convolution, in
+the linear-state pool slot of the sequence (``metadata.state_slots``). A multi-token chunk runs
+the chunked form from the slot's state, a decode step the recurrent form for every sequence at
+once; both write the new state back, so a prompt split into chunks continues where the last
+chunk stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import nn
 from torch.nn import functional
 
 from metrale_config import LinearAttentionConfig
-from metrale_kernels import AttentionMetadata, KernelBackend
+from metrale_kernels import AttentionMetadata, KernelBackend, compute_dtype, widened
 
 # Inside the square root of the q/k L2 normalisation.
 L2_NORM_EPS = 1e-6
@@ -41,10 +42,10 @@ class ForgetGate(nn.Module):
         self.A_log = nn.Parameter(torch.empty(a_log_shape or (heads,)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (tokens, hidden)`` -> ``g (tokens, heads, head_dim)`` float32."""
-        f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        f = f.view(-1, self.num_heads, self.head_dim)
-        rate = self.A_log.float().exp().view(-1, 1)
+        """``x (tokens, hidden)`` -> ``g (tokens, heads, head_dim)`` float32 (compute dtype)."""
+        f = widened(self.f_b_proj(self.f_a_proj(x)))
+        f = (f + self.dt_bias.to(f.dtype)).view(-1, self.num_heads, self.head_dim)
+        rate = self.A_log.to(f.dtype).exp().view(-1, 1)
         if self.lower_bound is None:
             return -rate * functional.softplus(f)
         return self.lower_bound * torch.sigmoid(rate * f)
@@ -88,11 +89,11 @@ class KdaAttention(nn.Module):
             raise ValueError("a KDA layer needs metadata.state_slots")
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         g = self.forget_gate(x)
-        beta = torch.sigmoid(self.b_proj(x)).float()
-        weight = self.conv1d.float().squeeze(1)
+        beta = widened(torch.sigmoid(self.b_proj(x)))
+        weight = self.conv1d.to(compute_dtype(x.dtype)).squeeze(1)
         if metadata.is_decode_only:
             history = conv.index_select(0, slots)
-            window = torch.cat([history, mixed.float().unsqueeze(-1)], dim=-1)
+            window = torch.cat([history, mixed.to(history.dtype).unsqueeze(-1)], dim=-1)
             conv.index_copy_(0, slots, window[:, :, 1:])
             q, k, v = self._split(functional.silu((window * weight).sum(dim=-1)))
             states = recurrent.index_select(0, slots)
@@ -125,7 +126,7 @@ class KdaAttention(nn.Module):
         """Per-head RMSNorm of ``o (tokens, H, d)``, gated by ``sigmoid(g_b(g_a(x)))``, then
         projected."""
         normed = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.rms_norm_eps)
-        normed = (normed * self.o_norm.float()).to(x.dtype)
+        normed = (normed * self.o_norm.to(normed.dtype)).to(x.dtype)
         gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x))).view_as(normed)
         out: torch.Tensor = self.o_proj((normed * gate).flatten(1))
         return out

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from metrale_config import ModelConfig, MoeConfig
-from metrale_kernels import KernelBackend
+from metrale_kernels import KernelBackend, widened
 from metrale_kernels.reference.moe_experts import swiglu
 from metrale_model_arch.families.moe import StackedExperts
 
@@ -41,7 +41,8 @@ class Router(nn.Module):
         self.e_score_correction_bias = nn.Parameter(torch.empty(num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.float() @ self.weight.float().t()
+        wide = widened(x)
+        return wide @ self.weight.to(wide.dtype).t()
 
 
 class GlmMoeBlock(nn.Module):
