@@ -13,7 +13,9 @@ from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3_moe
 from metrale_kernels import TorchBackend, grouped_sigmoid_topk_routing, softmax_topk_routing
 
 NUM_EXPERTS = 8
-# Rows with exact ties: softmax makes tied logits tied probabilities, broken as torch.topk does.
+# Rows with exact ties: softmax makes tied logits tied probabilities, which go to the lower expert
+# id (transformers' torch.topk picks among them in no set order: the same weights, maybe other
+# ids).
 TIED_LOGITS = torch.tensor(
     [
         [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0],
@@ -41,6 +43,24 @@ def mixtral_router(top_k: int) -> torch.nn.Module:
     return router
 
 
+def lower_id_first(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The ids the tie rule picks, row by row in plain Python: by score, then by id."""
+    return torch.tensor(
+        [sorted(range(len(row)), key=lambda e: (-row[e], e))[:top_k] for row in scores.tolist()]
+    )
+
+
+def assert_ids_match(
+    ids: torch.Tensor, hf_ids: torch.Tensor, logits: torch.Tensor, *, tied: bool
+) -> None:
+    """transformers' ids where no two chosen scores tie; the lower id first where they do."""
+    if not tied:
+        assert torch.equal(ids, hf_ids)
+        return
+    assert torch.equal(ids, lower_id_first(logits, ids.shape[1]))
+    assert not torch.equal(ids, hf_ids), "no tie decided otherwise than torch.topk: a weak case"
+
+
 def random_logits(num_tokens: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(num_tokens, NUM_EXPERTS, generator=generator) * 2).to(dtype)
@@ -55,7 +75,7 @@ def test_softmax_topk_matches_mixtral_router(top_k: int, logits: str) -> None:
     weights, ids = softmax_topk_routing(router_logits, top_k, renormalize=True)
     assert (weights.dtype, ids.dtype) == (torch.float32, torch.int64)
     assert weights.shape == ids.shape == (router_logits.shape[0], top_k)
-    assert torch.equal(ids, hf_ids)
+    assert_ids_match(ids, hf_ids, router_logits, tied=logits == "tied")
     torch.testing.assert_close(weights, hf_weights, rtol=0, atol=0)
 
 
@@ -77,7 +97,7 @@ def test_softmax_topk_matches_qwen3_moe_router(
     with torch.no_grad():
         _, hf_weights, hf_ids = router(router_logits)
     weights, ids = TorchBackend().softmax_topk_routing(router_logits, top_k, norm_topk_prob)
-    assert torch.equal(ids, hf_ids)
+    assert_ids_match(ids, hf_ids, router_logits, tied=logits == "tied")
     torch.testing.assert_close(weights, hf_weights, rtol=0, atol=0)
 
 
@@ -234,3 +254,29 @@ def test_groups_must_divide_the_experts() -> None:
         grouped_sigmoid_topk_routing(
             TIED_LOGITS, torch.zeros(8), 2, num_groups=3, topk_groups=1, renormalize=True
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("num_experts", "top_k"), [(8, 2), (64, 6), (256, 8)])
+def test_ties_go_to_the_lower_expert_id(dtype: torch.dtype, num_experts: int, top_k: int) -> None:
+    """Logits on a coarse grid, so most rows tie at the top-k boundary; every router, every
+    row, follows the one rule the CUDA kernels follow (checked in plain Python)."""
+    generator = torch.Generator().manual_seed(num_experts)
+    logits = torch.randint(0, 4, (64, num_experts), generator=generator).to(dtype)
+    _, ids = softmax_topk_routing(logits, top_k, renormalize=False)
+    assert torch.equal(ids, lower_id_first(logits.float(), top_k))
+    num_groups = 4
+    _, grouped_ids = TorchBackend().grouped_softmax_topk_routing(
+        logits, top_k, num_groups=num_groups, topk_groups=num_groups
+    )
+    assert torch.equal(grouped_ids, ids)
+    bias = torch.zeros(num_experts)
+    _, sigmoid_ids = grouped_sigmoid_topk_routing(
+        logits, bias, top_k, num_groups=num_groups, topk_groups=num_groups, renormalize=True
+    )
+    assert torch.equal(sigmoid_ids, ids)  # sigmoid keeps softmax's order, ties included
+    # Groups tie too: the lowest group holding the best score wins, then its lowest expert.
+    _, limited = TorchBackend().grouped_softmax_topk_routing(
+        logits, 1, num_groups=num_groups, topk_groups=1
+    )
+    assert torch.equal(limited, lower_id_first(logits.float(), 1))

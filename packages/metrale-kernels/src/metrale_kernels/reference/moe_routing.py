@@ -1,7 +1,10 @@
 """Reference MoE routers: which ``top_k`` experts each token goes to, and with what weight.
 
-Each returns ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 (float64 for float64 logits)
-and int64, each row in descending order of the score the experts were chosen by.
+Equal scores go to the lower expert id, for experts and for groups alike, on every backend
+(:mod:`~metrale_kernels.reference.ranked`); transformers' ``torch.topk`` leaves that order open,
+so on a tie ours may route elsewhere than transformers on the same device, with the same
+weights. Each returns ``(topk_weights, topk_ids)``: ``(tokens, top_k)`` float32 (float64 for
+float64 logits) and int64, each row in descending order of the score the experts were chosen by.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from metrale_kernels.compute_dtype import widened
+from metrale_kernels.reference.ranked import top_k_lower_index_first
 
 
 def _check_top_k(router_logits: torch.Tensor, top_k: int) -> None:
@@ -23,12 +27,11 @@ def softmax_topk_routing(
     """Softmax over ``router_logits (tokens, experts)`` in float32, then ``torch.topk``.
 
     Mixtral (``renormalize=True``) and Qwen3-MoE (``renormalize=norm_topk_prob``): with
-    ``renormalize`` the chosen probabilities are divided by their sum. Ties go the way
-    ``torch.topk`` breaks them on the probabilities, as in transformers.
+    ``renormalize`` the chosen probabilities are divided by their sum.
     """
     _check_top_k(router_logits, top_k)
     probs = widened(router_logits).softmax(dim=-1)
-    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    topk_weights, topk_ids = top_k_lower_index_first(probs, top_k)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids
@@ -56,11 +59,11 @@ def grouped_softmax_topk_routing(
     if topk_groups < num_groups:
         # (tokens, groups, experts_per_group)
         grouped = probs.view(num_tokens, num_groups, -1)
-        group_ids = grouped.amax(dim=-1).topk(topk_groups, dim=-1)[1]
+        group_ids = top_k_lower_index_first(grouped.amax(dim=-1), topk_groups)[1]
         group_mask = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=probs.device)
         group_mask.scatter_(1, group_ids, True)
         candidates = grouped.masked_fill(~group_mask[..., None], -1.0).view_as(probs)
-    topk_ids = candidates.topk(top_k, dim=-1)[1]
+    topk_ids = top_k_lower_index_first(candidates, top_k)[1]
     return probs.gather(1, topk_ids) * routed_scaling_factor, topk_ids
 
 
@@ -100,10 +103,10 @@ def grouped_sigmoid_topk_routing(
         # (tokens, groups, experts_per_group)
         grouped = biased.view(num_tokens, num_groups, -1)
         group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)
-        group_ids = group_scores.topk(topk_groups, dim=-1)[1]
+        group_ids = top_k_lower_index_first(group_scores, topk_groups)[1]
         group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_ids, True)
         biased = grouped.masked_fill(~group_mask[..., None], float("-inf")).view_as(biased)
-    topk_ids = biased.topk(top_k, dim=-1)[1]
+    topk_ids = top_k_lower_index_first(biased, top_k)[1]
     topk_weights = scores.gather(1, topk_ids)
     if renormalize:
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)

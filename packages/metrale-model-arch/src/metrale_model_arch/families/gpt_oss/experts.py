@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from metrale_config import ModelConfig, MoeConfig
+from metrale_kernels.reference.ranked import top_k_lower_index_first
 from metrale_kernels.row_invariant import (
     matmul_call_rows,
     matmul_row_tile,
@@ -39,7 +40,7 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x (tokens, hidden)`` -> ``(tokens, top_k)`` float32 weights and int64 expert ids."""
         logits = torch.nn.functional.linear(x.float(), self.weight.float(), self.bias.float())
-        top_logits, ids = torch.topk(logits, self.top_k, dim=-1)
+        top_logits, ids = top_k_lower_index_first(logits, self.top_k)
         return top_logits.softmax(dim=-1), ids
 
 
