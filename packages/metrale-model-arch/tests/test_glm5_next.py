@@ -16,6 +16,7 @@ import attrs
 import pytest
 import torch
 from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
+from metrale_testing.padded_step import assert_padding_rows_change_nothing
 from safetensors.torch import load_file, save_file
 
 from metrale_config import ModelConfig, model_config_from_hf_file
@@ -185,6 +186,22 @@ def test_every_tensor_is_made_on_the_models_device(
         model,
         paged_runner,
         checkpoint.prompts,
+        num_blocks=128,
+        block_size=BLOCK_SIZE,
+        indexer_paged=paged,
+    )
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged-indexer", "flat-indexer"])
+def test_a_step_padded_to_a_bucket_gives_the_same_logits(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any], paged: bool
+) -> None:
+    """The property CUDA graphs' padded batches rely on (``metrale_testing.padded_step``)."""
+    assert_padding_rows_change_nothing(
+        load(checkpoint),
+        paged_runner,
+        checkpoint.prompts,
+        bucket=8,
         num_blocks=128,
         block_size=BLOCK_SIZE,
         indexer_paged=paged,

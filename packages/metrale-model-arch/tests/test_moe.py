@@ -14,6 +14,7 @@ import pytest
 import torch
 from metrale_testing import paged_greedy, transformers_greedy
 from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
+from metrale_testing.padded_step import assert_padding_rows_change_nothing
 from safetensors import safe_open
 
 from metrale_config import (
@@ -237,6 +238,20 @@ def test_every_tensor_is_made_on_the_models_device(
     model = load(checkpoint, kernel_backend="torch")
     assert_tensors_made_on_the_models_device(
         model, paged_runner, checkpoint.prompts, num_blocks=128, block_size=BLOCK_SIZE
+    )
+
+
+def test_a_step_padded_to_a_bucket_gives_the_same_logits(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    """The property CUDA graphs' padded batches rely on (``metrale_testing.padded_step``)."""
+    assert_padding_rows_change_nothing(
+        load(checkpoint),
+        paged_runner,
+        checkpoint.prompts,
+        bucket=8,
+        num_blocks=128,
+        block_size=BLOCK_SIZE,
     )
 
 

@@ -1,7 +1,8 @@
 """The parity checks a model family runs against transformers on tiny random checkpoints
 (float32): a ragged prefill's logits, batched greedy decoding against ``generate`` and alone,
-chunked prefill against one shot, every tensor made on the model's device, the bfloat16 error
-against transformers' own, and no fused llama executor taking the model.
+chunked prefill against one shot, every tensor made on the model's device, a step padded to a
+bucket, the bfloat16 error against transformers' own, and no fused llama executor taking the
+model.
 
 A family's test module makes a module-scoped ``checkpoint`` fixture (a :class:`FamilyCheckpoint`,
 parametrized over its cases) and collects the checks as a class::
@@ -33,6 +34,7 @@ from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.memory.weights import weight_bytes
 from metrale_testing.device_scan import assert_tensors_made_on_the_models_device
 from metrale_testing.greedy import paged_greedy, transformers_greedy
+from metrale_testing.padded_step import assert_padding_rows_change_nothing
 
 Family = TypeVar("Family", bound=CausalLM)
 PagedRunnerFactory = Callable[..., Any]
@@ -136,6 +138,8 @@ class FamilyParityChecks:
     num_greedy_tokens: ClassVar[int] = 32
     # Logits within this of transformers' (float32).
     logits_atol: ClassVar[float] = 1e-4
+    # A prefill in chunks within this of one prefill (float32).
+    chunked_atol: ClassVar[float] = 1e-4
 
     def load(self, checkpoint: FamilyCheckpoint, dtype: torch.dtype = torch.float32) -> CausalLM:
         return load_checkpoint(checkpoint, self.family, dtype)
@@ -188,7 +192,7 @@ class FamilyParityChecks:
         second = chunked.step({1: other, 0: prompt[first_cut:second_cut]})
         third = chunked.step({0: prompt[second_cut:]})[0]
         torch.testing.assert_close(
-            torch.cat([first, second[0], third]), one_shot, atol=1e-4, rtol=0
+            torch.cat([first, second[0], third]), one_shot, atol=self.chunked_atol, rtol=0
         )
         expected = hf_logits(checkpoint.hf_model, other)
         torch.testing.assert_close(second[1], expected, atol=1e-4, rtol=0)
@@ -200,6 +204,20 @@ class FamilyParityChecks:
         model = load_checkpoint(checkpoint, self.family, kernel_backend="torch")
         assert_tensors_made_on_the_models_device(
             model, paged_runner, checkpoint.prompts, num_blocks=128, block_size=self.block_size
+        )
+
+    def test_a_step_padded_to_a_bucket_gives_the_same_logits(
+        self, checkpoint: FamilyCheckpoint, paged_runner: PagedRunnerFactory
+    ) -> None:
+        """The property CUDA graphs' padded batches rely on (``metrale_testing.padded_step``)."""
+        assert_padding_rows_change_nothing(
+            self.load(checkpoint),
+            paged_runner,
+            checkpoint.prompts,
+            bucket=8,
+            num_blocks=128,
+            block_size=self.block_size,
+            num_slots=8,
         )
 
     def test_no_fused_llama_executor_takes_it(self, checkpoint: FamilyCheckpoint) -> None:

@@ -4,8 +4,9 @@ Before each mixer and each FFN a :class:`HyperConnection` reads the ``(tokens, N
 streams, makes the sub-layer's input as a weighted sum of them (``pre``), and after the
 sub-layer writes new streams: ``post[m] * y + sum_n comb[n, m] * X[n]``, where ``comb`` is a
 doubly-stochastic ``N x N`` matrix (softmax, then Sinkhorn normalisation). Nothing mixes
-tokens. All of it runs in float32 (float64 at a float64 serve); ``post`` and ``comb`` are cast
-to the streams' dtype before the mix.
+tokens, and a token's weights do not depend on the rows beside it
+(:mod:`~metrale_kernels.row_invariant`). All of it runs in float32 (float64 at a float64
+serve); ``post`` and ``comb`` are cast to the streams' dtype before the mix.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from torch import nn
 
 from metrale_config import MhcConfig
 from metrale_kernels import widened
+from metrale_kernels.row_invariant import (
+    matmul_call_rows,
+    matmul_row_tile,
+    pointwise_rows,
+    row_invariant_linear,
+)
 
 
 class HyperConnection(nn.Module):
@@ -36,10 +43,10 @@ class HyperConnection(nn.Module):
         n = self.num_streams
         flat = widened(streams.flatten(1))
         flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + self.rms_norm_eps)
-        mixes = flat @ self.fn.to(flat.dtype).t()
+        mixes = _row_invariant_mm(flat, self.fn.to(flat.dtype))
         base, scale = self.base.to(flat.dtype), self.scale.to(flat.dtype)
-        pre = torch.sigmoid(scale[0] * mixes[:, :n] + base[:n]) + self.eps
-        post = 2 * torch.sigmoid(scale[1] * mixes[:, n : 2 * n] + base[n : 2 * n])
+        pre = pointwise_rows(torch.sigmoid, scale[0] * mixes[:, :n] + base[:n]) + self.eps
+        post = 2 * pointwise_rows(torch.sigmoid, scale[1] * mixes[:, n : 2 * n] + base[n : 2 * n])
         logits = scale[2] * mixes[:, 2 * n :] + base[2 * n :]
         comb = sinkhorn(logits.view(-1, n, n).softmax(dim=-1) + self.eps, self.eps,
                         self.num_sinkhorn_iters)  # fmt: skip
@@ -53,6 +60,14 @@ class HyperConnection(nn.Module):
         """New streams ``(tokens, N, hidden)``: ``post[m] * output + sum_n comb[n, m] * X[n]``."""
         mixed = torch.einsum("tnm,tnd->tmd", comb, streams)
         return mixed + post.unsqueeze(-1) * output.unsqueeze(1)
+
+
+def _row_invariant_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``, a token's row the same whatever rows share the call (on the CPU)."""
+    if x.device.type != "cpu":
+        return x @ weight.t()
+    tile = matmul_row_tile(x.dtype)
+    return row_invariant_linear(x, weight, None, tile, call_rows=matmul_call_rows(x.dtype))
 
 
 def sinkhorn(matrix: torch.Tensor, eps: float, num_iters: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch.nn import functional
 
 from metrale_config import LinearAttentionConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
+from metrale_kernels.row_invariant import pointwise_rows
 from metrale_model_arch.families.glm5_next.kda_attention import L2_NORM_EPS
 
 
@@ -72,10 +73,9 @@ class GatedDeltaNet(nn.Module):
             raise ValueError("a Gated DeltaNet layer needs metadata.state_slots")
         mixed, z, b, a = self._project(x)
         # (tokens, H, 1) log-decay, one per value head; (tokens, H) update strength.
-        g = (-self.A_log.float().exp() * functional.softplus(a.float() + self.dt_bias)).unsqueeze(
-            -1
-        )
-        beta = b.sigmoid().float()
+        decay = pointwise_rows(functional.softplus, a.float() + self.dt_bias)
+        g = (-self.A_log.float().exp() * decay).unsqueeze(-1)
+        beta = pointwise_rows(torch.sigmoid, b).float()
         weight = self.conv1d.weight.float().squeeze(1)
         if metadata.is_decode_only:
             history = conv.index_select(0, slots)
