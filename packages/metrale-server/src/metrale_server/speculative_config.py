@@ -11,7 +11,7 @@ from metrale_server.arg_choices import QUANTIZATION_CHOICES
 
 METHODS = ("ngram", "draft_model", "mtp")
 # vLLM's older names for method mtp, accepted as it accepts them.
-MTP_ALIASES = ("deepseek_mtp", "glm4_moe_mtp")
+MTP_ALIASES = ("deepseek_mtp", "glm4_moe_mtp", "qwen3_next_mtp")
 NOT_BUILT_METHODS = ("eagle", "eagle3", "medusa")
 KEYS = (
     "method",

@@ -34,7 +34,7 @@ def test_a_draft_model_config_parses() -> None:
     assert quantized.quantization == "int8"
 
 
-@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "glm4_moe_mtp"])
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "glm4_moe_mtp", "qwen3_next_mtp"])
 def test_mtp_and_its_vllm_aliases_parse(method: str) -> None:
     config = SpeculativeConfig.from_json(f'{{"method": "{method}", "num_speculative_tokens": 2}}')
     assert (config.method, config.num_speculative_tokens, config.model) == ("mtp", 2, None)

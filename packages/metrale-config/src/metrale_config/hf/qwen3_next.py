@@ -1,5 +1,6 @@
 """``config.json`` → ``ModelConfig`` for Qwen3-Next (``qwen3_next``): Gated DeltaNet layers and
-gated full-attention layers, MoE with one gated shared expert."""
+gated full-attention layers, MoE with one gated shared expert, and its multi-token-prediction
+layers (``mtp.*`` in a checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import attrs
 from metrale_config.fields import FieldReader
 from metrale_config.hf.llama_like import parse_common
 from metrale_config.layer_types import LayerType
-from metrale_config.model_config import LinearAttentionConfig, ModelConfig, MoeConfig
+from metrale_config.model_config import LinearAttentionConfig, ModelConfig, MoeConfig, MtpConfig
+
+# Where a config.json may count its MTP layers: vLLM's name, then Qwen's own (Qwen3.5's).
+MTP_COUNT_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+# vLLM's count when neither is set: Qwen3-Next's released config.json names none, and its
+# checkpoints carry one MTP layer.
+DEFAULT_MTP_LAYERS = 1
 
 
 def parse_qwen3_next(reader: FieldReader, model_type: str) -> ModelConfig:
@@ -16,7 +23,8 @@ def parse_qwen3_next(reader: FieldReader, model_type: str) -> ModelConfig:
     ``full_attention_interval``-th layer full attention and the rest linear; partial rotary from
     ``rope_parameters``, else the top-level field, else 0.25; sparse layers where
     ``mlp_only_layers`` and ``decoder_sparse_step`` say; q/k norms and ``(1 + w)`` RMSNorms
-    always."""
+    always. MTP layers: as :func:`_parse_mtp` counts them, each a full-attention layer whose
+    FFN follows the stack's rule at its index within the MTP layers (as vLLM builds it)."""
     if not reader.has("intermediate_size"):
         reader = attrs.evolve(reader, data={**reader.data, "intermediate_size": 5632})
     config = parse_common(reader, model_type)
@@ -38,6 +46,7 @@ def parse_qwen3_next(reader: FieldReader, model_type: str) -> ModelConfig:
         partial_rotary_factor=partial,
         moe=_parse_moe(reader, num_layers),
         linear_attention=_parse_linear_attention(reader),
+        mtp=_parse_mtp(reader),
     )
 
 
@@ -56,10 +65,40 @@ def _layer_types(reader: FieldReader, num_layers: int) -> tuple[LayerType, ...]:
     )
 
 
-def _parse_moe(reader: FieldReader, num_layers: int) -> MoeConfig:
+def _mlp_layer_types(reader: FieldReader, num_layers: int) -> tuple[str, ...]:
+    """transformers' (and vLLM's) rule: layer ``i`` is sparse unless ``mlp_only_layers`` names
+    it, there are no experts, or ``decoder_sparse_step`` skips it."""
     num_experts = reader.integer("num_experts", 512)
     sparse_step = reader.positive_integer("decoder_sparse_step", 1)
     dense_layers = set(reader.optional_integer_list("mlp_only_layers") or ())
+    return tuple(
+        "sparse"
+        if i not in dense_layers and num_experts > 0 and (i + 1) % sparse_step == 0
+        else "dense"
+        for i in range(num_layers)
+    )
+
+
+def _parse_mtp(reader: FieldReader) -> MtpConfig | None:
+    """``num_nextn_predict_layers``, else ``mtp_num_hidden_layers``, else
+    :data:`DEFAULT_MTP_LAYERS` MTP layers (``None`` for 0). vLLM's ``Qwen3NextMTP`` builds MTP
+    layer ``k`` as a full-attention decoder layer of index ``k`` (``mtp.layers.k``), so its FFN
+    is the one the stack's rule gives layer ``k``."""
+    field = next((name for name in MTP_COUNT_FIELDS if reader.is_set(name)), None)
+    num_layers = reader.integer(field) if field is not None else DEFAULT_MTP_LAYERS
+    if field is not None and num_layers < 0:
+        raise reader.error(field, f"must not be negative, got {num_layers}")
+    if num_layers == 0:
+        return None
+    return MtpConfig(
+        num_layers=num_layers,
+        layer_types=(LayerType.FULL_ATTENTION,) * num_layers,
+        mlp_layer_types=_mlp_layer_types(reader, num_layers),
+    )
+
+
+def _parse_moe(reader: FieldReader, num_layers: int) -> MoeConfig:
+    num_experts = reader.integer("num_experts", 512)
     return MoeConfig(
         num_experts=num_experts,
         num_experts_per_tok=reader.positive_integer("num_experts_per_tok", 10),
@@ -69,12 +108,7 @@ def _parse_moe(reader: FieldReader, num_layers: int) -> MoeConfig:
             "shared_expert_intermediate_size", 512
         ),
         norm_topk_prob=reader.boolean("norm_topk_prob", True),
-        mlp_layer_types=tuple(
-            "sparse"
-            if i not in dense_layers and num_experts > 0 and (i + 1) % sparse_step == 0
-            else "dense"
-            for i in range(num_layers)
-        ),
+        mlp_layer_types=_mlp_layer_types(reader, num_layers),
     )
 
 

@@ -2,7 +2,10 @@
 
 A layer holds two RMSNorms, a mixer (Gated DeltaNet, or gated attention: the q projection
 twice the query width, q/k norms over a head) and an FFN (routed experts, a router, one shared
-expert and its one-row gate; or a dense SwiGLU MLP).
+expert and its one-row gate; or a dense SwiGLU MLP). The MTP layers the config keeps are
+counted in ``mtp``: each a gated-attention layer with its FFN, plus the predictor's ``fc``
+``(hidden, 2 * hidden)`` and its three RMSNorms (``pre_fc_norm_embedding``,
+``pre_fc_norm_hidden``, ``norm``) once.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from metrale_model_arch.counts.moe import (
 
 
 def qwen3_next_param_counts(config: ModelConfig) -> ParamCounts:
-    """Exactly as transformers' ``Qwen3NextForCausalLM`` builds it (and ``Qwen3NextForCausalLM``
-    here)."""
+    """Exactly as ``Qwen3NextForCausalLM`` builds it: the stack as transformers'
+    ``Qwen3NextForCausalLM`` holds it, and the MTP layers (``mtp.*``) it leaves out."""
     moe = require_moe(config)
     hidden = config.hidden_size
     shared_size = moe.shared_expert_intermediate_size or moe.moe_intermediate_size
@@ -39,12 +42,19 @@ def qwen3_next_param_counts(config: ModelConfig) -> ParamCounts:
         else:
             layers += gated_attention_params(config)
         layers += (sparse_mlp if mlp_kind == SPARSE else dense_mlp) + 2 * hidden
+    mtp = 0
+    if config.mtp is not None:
+        mtp = 2 * hidden * hidden + 3 * hidden
+        for mlp_kind in config.mtp.mlp_layer_types:
+            mtp += gated_attention_params(config) + 2 * hidden
+            mtp += sparse_mlp if mlp_kind == SPARSE else dense_mlp
     embeddings = config.vocab_size * hidden
     return ParamCounts(
         embeddings=embeddings,
         layers=layers,
         final_norm=hidden,
         lm_head=0 if config.tie_word_embeddings else embeddings,
+        mtp=mtp,
     )
 
 

@@ -276,7 +276,8 @@ def plan_options(command: F) -> F:
             '\'{"method": "draft_model", "model": "PATH", "num_speculative_tokens": 4}\' (a '
             "smaller model with the same tokenizer drafts; its weights and KV pool are "
             'planned) or \'{"method": "mtp", "num_speculative_tokens": 1}\' (the model\'s own '
-            "multi-token-prediction layer drafts: glm4_moe); off by default.",
+            "multi-token-prediction layer drafts: glm4_moe, DeepSeek-V3, GLM-5.3, Qwen3-Next); off "
+            "by default.",
         ),
         click.option(
             "--tensor-parallel-size",

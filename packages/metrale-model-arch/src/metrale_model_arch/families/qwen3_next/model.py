@@ -7,6 +7,11 @@ projection computes beside each query head. Every layer's FFN is the routed MoE 
 expert scaled by its own sigmoid gate (a dense SwiGLU MLP on ``mlp_only_layers``). Every
 RMSNorm but the linear layers' gated one scales by ``1 + weight``.
 
+A checkpoint's multi-token-prediction layers (``mtp.*``) are loaded into ``model.mtp_layers``
+(:mod:`.mtp`), owned by ``weights.mtp`` in the memory plan, when the config keeps them (MTP
+speculation; else :func:`~metrale_model_arch.mtp_free_config` drops them and they are skipped);
+MTP speculation runs the first (``forward_mtp``).
+
 It runs eagerly over a :class:`~metrale_model_arch.families.decoder_stack.DecoderStack`, never
 through the compiled or native llama executors.
 """
@@ -16,136 +21,58 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-import attrs
 import torch
 from torch import nn
 
-from metrale_config import LINEAR_ATTENTION, ModelConfig, MoeConfig
+from metrale_config import FULL_ATTENTION, ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
-from metrale_model_arch.counts.moe import SPARSE, require_moe
+from metrale_model_arch.counts.moe import require_moe
 from metrale_model_arch.families.base import LayerCache, LayerState
-from metrale_model_arch.families.decoder_stack import DecoderStack, EagerCausalLM
-from metrale_model_arch.families.dense_variants import OffsetRMSNorm, VariantAttention
-from metrale_model_arch.families.llama import LlamaMLP, qkv_sizes
-from metrale_model_arch.families.moe import SparseMoeBlock
-from metrale_model_arch.families.qwen3_next.gated_deltanet import GatedDeltaNet
+from metrale_model_arch.families.decoder_stack import DecoderStack
+from metrale_model_arch.families.mtp_causal_lm import MtpCausalLM, log_mtp_layers
+from metrale_model_arch.families.qwen3_next.decoder_layer import (
+    Qwen3NextDecoderLayer,
+    centred_norm,
+)
+from metrale_model_arch.families.qwen3_next.mtp import mtp_layer
 from metrale_model_arch.families.rotary import rope_cos_sin_table
+from metrale_model_arch.families.row_invariant_layers import head_logits
 
 SUPPORTED_HIDDEN_ACTS = ("silu",)
 
 
-def centred_norm(config: ModelConfig, size: int, backend: KernelBackend) -> OffsetRMSNorm:
-    return OffsetRMSNorm(size, config.rms_norm_eps, backend, offset=1.0)
-
-
-class GatedAttention(VariantAttention):
-    """GQA whose q projection holds, per head, the query rows then its output gate's rows."""
-
-    def __init__(self, config: ModelConfig, layer_index: int, backend: KernelBackend) -> None:
-        super().__init__(config, layer_index, backend)
-        q_size, kv_size = qkv_sizes(config)
-        self.qkv_split = (2 * q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(
-            config.hidden_size, 2 * q_size + 2 * kv_size, bias=config.qkv_bias
+class Qwen3NextModel(DecoderStack):
+    def __init__(self, config: ModelConfig, max_seq_len: int, backend: KernelBackend) -> None:
+        # cos_sin_cache: (max_seq_len, rotary_dim), plain RoPE over the rotated part.
+        super().__init__(
+            config,
+            (Qwen3NextDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)),
+            centred_norm(config, config.hidden_size, backend),
+            rope_cos_sin_table(config, max_seq_len),
         )
-        self.q_norm = centred_norm(config, self.head_dim, backend)
-        self.k_norm = centred_norm(config, self.head_dim, backend)
-
-    def forward(
-        self,
-        normed: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        tokens = normed.shape[0]
-        gated_q, k, v = self.qkv_proj(normed).split(self.qkv_split, dim=-1)
-        # (tokens, heads, 2, head_dim): the query, then its gate.
-        q, gate = gated_q.view(tokens, self.num_heads, 2, self.head_dim).unbind(2)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        assert self.q_norm is not None
-        assert self.k_norm is not None
-        q, k = self.rotate(self.q_norm(q.contiguous()), self.k_norm(k), positions, cos_sin)
-        attended = self.attend(q, k, v, kv_cache, metadata)
-        out: torch.Tensor = self.o_proj((attended * torch.sigmoid(gate)).reshape(tokens, -1))
-        return out
+        num_mtp = config.mtp.num_layers if config.mtp is not None else 0
+        self.mtp_layers = nn.ModuleList(mtp_layer(config, k, backend) for k in range(num_mtp))
 
 
-class SharedExpertMoeBlock(SparseMoeBlock):
-    """The routed experts plus ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``."""
-
-    def __init__(self, config: ModelConfig, moe: MoeConfig, backend: KernelBackend) -> None:
-        super().__init__(config, attrs.evolve(moe, num_shared_experts=0), backend)
-        size = moe.shared_expert_intermediate_size or moe.moe_intermediate_size
-        self.shared_expert = LlamaMLP(config, backend, intermediate_size=size)
-        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
-        out: torch.Tensor = super().forward(hidden) + shared
-        return out
-
-
-class Qwen3NextDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int, backend: KernelBackend) -> None:
-        super().__init__()
-        self.is_linear = config.layer_types[layer_index] == LINEAR_ATTENTION
-        self.linear_attn: GatedDeltaNet | None = None
-        self.self_attn: GatedAttention | None = None
-        if self.is_linear:
-            assert config.linear_attention is not None
-            self.linear_attn = GatedDeltaNet(
-                config.hidden_size, config.linear_attention, config.rms_norm_eps, backend
-            )
-        else:
-            self.self_attn = GatedAttention(config, layer_index, backend)
-        moe = require_moe(config)
-        self.mlp: SharedExpertMoeBlock | LlamaMLP
-        if moe.mlp_layer_types[layer_index] == SPARSE:
-            self.mlp = SharedExpertMoeBlock(config, moe, backend)
-        else:
-            self.mlp = LlamaMLP(config, backend)
-        self.input_layernorm = centred_norm(config, config.hidden_size, backend)
-        self.post_attention_layernorm = centred_norm(config, config.hidden_size, backend)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        cos_sin: torch.Tensor,
-        kv_cache: LayerCache,
-        state: LayerState,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        normed = self.input_layernorm(hidden)
-        if self.linear_attn is not None:
-            mixed = self.linear_attn(normed, state, metadata)
-        else:
-            assert self.self_attn is not None
-            mixed = self.self_attn(normed, positions, cos_sin, kv_cache, metadata)
-        hidden = hidden + mixed
-        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
-        return out
-
-
-class Qwen3NextForCausalLM(EagerCausalLM):
+class Qwen3NextForCausalLM(MtpCausalLM):
     """Model type ``qwen3_next`` (see :class:`CausalLM` and this module's docstring)."""
+
+    model: Qwen3NextModel
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:
         check_qwen3_next_config(config)
 
-    def build_model(self) -> DecoderStack:
-        config, backend = self.config, self.backend
-        # cos_sin_cache: (max_seq_len, rotary_dim), plain RoPE over the rotated part.
-        return DecoderStack(
-            config,
-            (Qwen3NextDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)),
-            centred_norm(config, config.hidden_size, backend),
-            rope_cos_sin_table(config, self.max_seq_len),
-        )
+    def build_model(self) -> Qwen3NextModel:
+        model = Qwen3NextModel(self.config, self.max_seq_len, self.backend)
+        log_mtp_layers(self.config.model_type, len(model.mtp_layers))
+        return model
+
+    def compute_mtp_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The target's head over ``forward_mtp``'s output, already through ``mtp.norm``."""
+        return head_logits(self.lm_head, hidden, out)
 
     def forward(
         self,
@@ -191,3 +118,18 @@ def check_qwen3_next_config(config: ModelConfig) -> None:
         )
     if config.mlp_bias or config.sliding_window is not None:
         raise ValueError(f"{config.source}: qwen3_next with MLP biases or a sliding window")
+    mtp = config.mtp
+    if mtp is None:
+        return
+    if len(mtp.mlp_layer_types) != mtp.num_layers or any(
+        kind != FULL_ATTENTION for kind in mtp.layer_types
+    ):
+        raise ValueError(
+            f"{config.source}: {mtp.num_layers} qwen3_next MTP layers need as many MLP kinds "
+            f"(got {len(mtp.mlp_layer_types)}) and full-attention layers only"
+        )
+    if FULL_ATTENTION not in config.layer_types:
+        # The draft pool pages the MTP layer's K/V as the stack's full-attention layers do.
+        raise ValueError(
+            f"{config.source}: qwen3_next MTP layers with no full-attention layer in the stack"
+        )
