@@ -86,6 +86,18 @@ def test_target_probs_apply_the_request_filters() -> None:
     assert torch.allclose(hot[0], torch.softmax(logits[0] / 2, dim=0))
 
 
+def test_target_probs_make_every_tensor_on_the_logits_device() -> None:
+    """Run with torch's default device ``meta``: a filter tensor made without naming its
+    device would meet the CPU logits and raise, as on a GPU it would meet CUDA ones."""
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0, 4.0]])
+    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.7, min_p=0.05)
+    expected = target_probs(logits, params)
+    with torch.device("meta"):
+        probs = target_probs(logits, params)
+    assert probs.device == logits.device
+    assert torch.equal(probs, expected)
+
+
 # Significance of each chi-square below: a correct verifier fails one check with probability
 # 1e-6 (for its fixed seed, a priori), so each test, with at most 5 checks, fails falsely with
 # probability below 5e-6.

@@ -125,9 +125,12 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         _apply_top_k(rows, top_ks, params.top_k)
     if params.top_p < 1.0:
         sorted_rows, order = rows.sort(dim=-1, descending=True)
-        _mask_outside_nucleus(sorted_rows, torch.full((num_rows,), params.top_p))
+        top_ps = torch.full((num_rows,), params.top_p, device=rows.device)
+        _mask_outside_nucleus(sorted_rows, top_ps)
         rows = torch.full_like(rows, float("-inf")).scatter_(1, order, sorted_rows)
-    min_ps = torch.full((num_rows,), params.min_p) if params.min_p > 0.0 else None
+    min_ps = (
+        torch.full((num_rows,), params.min_p, device=rows.device) if params.min_p > 0.0 else None
+    )
     probs = _probs_after_min_p(rows, min_ps)
     return probs / probs.sum(dim=-1, keepdim=True)
 
