@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 from metrale_testing import save_tiny_glm4_moe
-from metrale_testing.family_parity import random_prompts
+from metrale_testing.gguf_parity import model_fields, prefill_logits
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
 
-from metrale_config import ModelConfig, model_config_from_gguf, model_config_from_hf_file
+from metrale_config import model_config_from_gguf, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
@@ -27,7 +27,6 @@ from metrale_model_arch.registry import family_for
 transformers = pytest.importorskip("transformers")
 
 Q = gguf.GGMLQuantizationType
-PROMPT_LENS = (1, 5, 11, 17, 26)
 ORIGINAL_MAX_POSITIONS = 64
 SMALL = {
     "vocab_size": 256,
@@ -130,9 +129,6 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
 }
-# Fields that name the file rather than the model.
-PROVENANCE_FIELDS = {"source", "architectures", "torch_dtype", "quantization_method"}
-PROVENANCE_FIELDS |= {"gguf_projection_types"}
 
 
 @attrs.frozen(kw_only=True)
@@ -198,14 +194,6 @@ def converted(
     )
 
 
-def model_fields(config: ModelConfig) -> dict[str, Any]:
-    return {
-        field: value
-        for field, value in attrs.asdict(config, recurse=False).items()
-        if field not in PROVENANCE_FIELDS
-    }
-
-
 def test_header_config_equals_config_json(converted: Converted) -> None:
     from_json = model_config_from_hf_file(converted.checkpoint_dir)
     from_gguf = model_config_from_gguf(converted.f32)
@@ -247,12 +235,6 @@ def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> N
             assert bool(((tensor - want).abs() <= half_ulp).all()), name
         else:
             assert torch.equal(tensor, want), name
-
-
-def prefill_logits(model: CausalLM, paged_runner: Any) -> dict[int, torch.Tensor]:
-    prompts = random_prompts(model.config.vocab_size, PROMPT_LENS)
-    logits: dict[int, torch.Tensor] = paged_runner(model, num_blocks=64, block_size=4).step(prompts)
-    return logits
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)

@@ -205,6 +205,7 @@ def test_supported_types_are_the_promised_ones() -> None:
         "Q4_1",
         "Q4_K",
         "Q6_K",
+        "MXFP4",
     }
 
 

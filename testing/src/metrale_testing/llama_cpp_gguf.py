@@ -1,15 +1,18 @@
 """A saved transformers checkpoint -> the GGUF llama.cpp's ``convert_hf_to_gguf.py`` writes for it,
-for the dense families gemma2, gemma3_text, phi3, olmo2, granite and smollm3, and glm4_moe.
+for the dense families gemma2, gemma3_text, phi3, olmo2, granite and smollm3, glm4_moe,
+deepseek_v2 / deepseek_v3 and gpt_oss.
 
 Written from the converter's model classes (``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``,
-``Olmo2Model``, ``GraniteModel``, ``SmolLM3Model``, ``Glm4MoeModel``; ``TextModel`` /
-``LlamaModel`` for what they inherit) and gguf-py's tensor map: the same metadata keys and
-values, tensor names, and value transforms (Q/K rows permuted where ``LlamaModel`` permutes;
-gemma's norms ``+ 1``; Phi-3's LongRoPE factors as tensors; experts stacked, GLM's MTP layers
-as ``blk.N.nextn.*``). No tokenizer is written (the checkpoints have none), so nothing is
-trimmed from gemma3's embedding. Matrices go to ``qtype``; 1-D tensors, norms and routers stay
-F32, and a matrix whose rows are not whole ``qtype`` blocks falls back to F16, as the converter
-does.
+``Olmo2Model``, ``GraniteModel``, ``SmolLM3Model``, ``Glm4MoeModel``, ``DeepseekV2Model``,
+``GptOssModel``; ``TextModel`` / ``LlamaModel`` for what they inherit) and gguf-py's tensor map:
+the same metadata keys and values, tensor names, and value transforms (Q/K rows permuted where
+``LlamaModel`` permutes; gemma's norms ``+ 1``; Phi-3's LongRoPE factors as tensors; experts
+stacked, GLM's MTP layers as ``blk.N.nextn.*``; DeepSeek's ``kv_b_proj`` split in two, or whole
+as before llama.cpp's MLA change with ``legacy_mla``; gpt-oss's experts as
+:mod:`metrale_testing.llama_cpp_gpt_oss` writes them). No tokenizer is written (the checkpoints
+have none), so nothing is trimmed from gemma3's embedding. Matrices go to ``qtype``; 1-D
+tensors, biases, norms and routers stay F32, and a matrix whose rows are not whole ``qtype``
+blocks falls back to F16, as the converter does.
 """
 
 from __future__ import annotations
@@ -17,17 +20,22 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from metrale_testing.llama_cpp_deepseek2 import DEEPSEEK_TYPES, deepseek2_metadata, split_kv_b
+from metrale_testing.llama_cpp_gpt_oss import RawTensor, gpt_oss_tensors
+from metrale_testing.llama_cpp_text_model import Hparams, rope_parameters, text_model_metadata
+
 Q = gguf.GGMLQuantizationType
-Hparams = Mapping[str, Any]
+TensorConversion = Callable[
+    [Iterator[tuple[str, np.ndarray]], Hparams], Iterator[tuple[str, np.ndarray | RawTensor]]
+]
 
 
 @attrs.frozen
@@ -40,30 +48,49 @@ class _Family:
     extra_tensors: Callable[[Hparams], Iterator[tuple[str, np.ndarray]]] | None = None
     # The blocks written: the stack, and the MTP layers after it (glm4_moe).
     num_blocks: Callable[[Hparams], int] = lambda hparams: hparams["num_hidden_layers"]
+    # The checkpoint's tensors -> the tensors written (DeepSeek's kv_b_proj split, gpt-oss's
+    # experts).
+    convert_tensors: TensorConversion | None = None
 
 
-def convert_to_gguf(checkpoint_dir: Path, out_path: Path, qtype: Q = Q.F32) -> Path:
+def convert_to_gguf(
+    checkpoint_dir: Path, out_path: Path, qtype: Q = Q.F32, *, legacy_mla: bool = False
+) -> Path:
     """Write ``checkpoint_dir``'s model to ``out_path`` as llama.cpp's converter would with
-    ``--outtype`` ``qtype`` (F32, F16 or Q8_0)."""
+    ``--outtype`` ``qtype`` (F32, F16 or Q8_0); DeepSeek's with ``legacy_mla`` as the converter
+    did before its MLA change (April 2025)."""
     hparams = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
-    family = _FAMILIES[hparams["model_type"]]
+    model_type = hparams["model_type"]
+    if model_type in DEEPSEEK_TYPES:
+        family = _deepseek2_family(legacy_mla)
+    else:
+        family = _FAMILIES[model_type]
     num_blocks = family.num_blocks(hparams)
     writer = gguf.GGUFWriter(out_path, gguf.MODEL_ARCH_NAMES[family.arch])
     family.write_metadata(writer, hparams, num_blocks)
     writer.add_file_type(_FILE_TYPES[qtype])
     name_map = gguf.get_tensor_name_map(family.arch, num_blocks)
-    for name, data in _stacked_experts(_checkpoint_tensors(checkpoint_dir)):
+    tensors: Iterator[tuple[str, np.ndarray | RawTensor]]
+    tensors = _stacked_experts(_checkpoint_tensors(checkpoint_dir))
+    if family.convert_tensors is not None:
+        tensors = family.convert_tensors(tensors, hparams)
+    for name, data in tensors:
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         if family.skips_lm_head and name == "lm_head.weight":
+            continue
+        if (layer := _LAYER.match(name)) is not None and int(layer[1]) >= num_blocks:
+            continue
+        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"{name} has no llama.cpp name")
+        if isinstance(data, RawTensor):
+            writer.add_tensor(gguf_name, data.data, raw_dtype=data.qtype)
             continue
         data = data.astype(np.float32)
         if family.is_permuted:
             data = _permuted(data, name, hparams)
         if family.norm_shift and name.endswith("norm.weight"):
             data = data + np.float32(family.norm_shift)
-        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None:
-            raise ValueError(f"{name} has no llama.cpp name")
         _add_tensor(writer, gguf_name, data, qtype)
     if family.extra_tensors is not None:
         for name, data in family.extra_tensors(hparams):
@@ -80,6 +107,7 @@ def _checkpoint_tensors(checkpoint_dir: Path) -> Iterator[tuple[str, np.ndarray]
         yield from load_file(file).items()
 
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _EXPERT = re.compile(
     r"(?P<layer>model\.layers\.\d+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight"
 )
@@ -102,8 +130,9 @@ def _stacked_experts(
 
 
 def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: Q) -> None:
-    # The converter keeps 1-D tensors, norms and routers in float32.
-    is_float32 = data.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight"))
+    # The converter keeps 1-D tensors, biases, norms and routers in float32.
+    is_float32 = data.ndim <= 1 or not name.endswith(".weight")
+    is_float32 = is_float32 or name.endswith(("_norm.weight", "ffn_gate_inp.weight"))
     if is_float32 or qtype == Q.F32:
         writer.add_tensor(name, data)
     elif qtype == Q.F16:
@@ -129,45 +158,9 @@ def _permuted(data: np.ndarray, name: str, hparams: Hparams) -> np.ndarray:
     return data
 
 
-def _rope_parameters(hparams: Hparams) -> dict[str, Any]:
-    """``TextModel.rope_parameters``: the checkpoint's, with its ``rope_theta`` mirrored in."""
-    params = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
-    mirrors_theta = "full_attention" not in params and "rope_theta" not in params
-    if mirrors_theta and hparams.get("rope_theta") is not None:
-        params["rope_theta"] = hparams["rope_theta"]
-    return params
-
-
-def _text_model_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
-    """``TextModel.set_gguf_parameters``, for the keys these families have."""
-    writer.add_block_count(num_layers)
-    writer.add_context_length(hparams["max_position_embeddings"])
-    writer.add_embedding_length(hparams["hidden_size"])
-    writer.add_feed_forward_length(hparams["intermediate_size"])
-    writer.add_head_count(hparams["num_attention_heads"])
-    writer.add_head_count_kv(hparams["num_key_value_heads"])
-    rope = _rope_parameters(hparams)
-    full = rope.get("full_attention", rope)
-    if full.get("rope_type") == "linear" and full.get("factor") is not None:
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(full["factor"])
-    elif full.get("rope_type") in ("su", "longrope"):
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
-    elif full.get("rope_type") not in (None, "default"):
-        raise NotImplementedError(f"rope_type {full['rope_type']!r}")
-    if full.get("rope_theta") is not None:
-        writer.add_rope_freq_base(full["rope_theta"])
-    if (local_theta := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        writer.add_rope_freq_base_swa(local_theta)
-    writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
-    if hparams.get("head_dim") is not None:
-        writer.add_key_length(hparams["head_dim"])
-        writer.add_value_length(hparams["head_dim"])
-
-
 def _llama_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
     """``LlamaModel.set_gguf_parameters``."""
-    _text_model_metadata(writer, hparams, num_layers)
+    text_model_metadata(writer, hparams, num_layers)
     writer.add_vocab_size(hparams["vocab_size"])
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
     writer.add_rope_dimension_count(head_dim)
@@ -206,7 +199,7 @@ def _gemma2_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int)
 def _gemma3_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
     """``Gemma3Model.set_gguf_parameters``: ``TextModel``'s, then its own (the repeated keys
     overwrite the same values)."""
-    _text_model_metadata(writer, hparams, num_layers)
+    text_model_metadata(writer, hparams, num_layers)
     assert hparams.get("attn_logit_softcapping") is None
     if final_softcap := hparams.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(final_softcap)
@@ -216,19 +209,19 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int)
 
 def _olmo2_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
     """``Olmo2Model.set_gguf_parameters``: ``TextModel``'s (a sliding window is Olmo 3's)."""
-    _text_model_metadata(writer, hparams, num_layers)
+    text_model_metadata(writer, hparams, num_layers)
     assert hparams.get("sliding_window") is None
 
 
 def _phi3_rope_dims(hparams: Hparams) -> int:
-    rope = _rope_parameters(hparams)
+    rope = rope_parameters(hparams)
     partial = rope.get("partial_rotary_factor", hparams.get("partial_rotary_factor", 1.0))
     return int(partial * hparams["hidden_size"]) // hparams["num_attention_heads"]
 
 
 def _phi3_original_context(hparams: Hparams) -> int:
     original: int = (
-        _rope_parameters(hparams).get("original_max_position_embeddings")
+        rope_parameters(hparams).get("original_max_position_embeddings")
         or hparams["original_max_position_embeddings"]
     )
     return original
@@ -245,14 +238,14 @@ def _phi3_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -
     writer.add_head_count_kv(hparams["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
     writer.add_rope_dimension_count(_phi3_rope_dims(hparams))
-    writer.add_rope_freq_base(_rope_parameters(hparams)["rope_theta"])
+    writer.add_rope_freq_base(rope_parameters(hparams)["rope_theta"])
     writer.add_sliding_window(hparams.get("sliding_window") or 0)
 
 
 def _phi3_rope_factors(hparams: Hparams) -> Iterator[tuple[str, np.ndarray]]:
     """``Phi3MiniModel.generate_extra_tensors`` (its attention factor goes to the metadata in
     ``_phi3_longrope_metadata``)."""
-    rope = _rope_parameters(hparams)
+    rope = rope_parameters(hparams)
     if not rope.get("long_factor"):
         return
     yield "rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32)
@@ -261,7 +254,7 @@ def _phi3_rope_factors(hparams: Hparams) -> Iterator[tuple[str, np.ndarray]]:
 
 def _phi3_longrope_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
     _phi3_metadata(writer, hparams, num_layers)
-    rope = _rope_parameters(hparams)
+    rope = rope_parameters(hparams)
     if not rope.get("long_factor"):
         return
     original = _phi3_original_context(hparams)
@@ -273,13 +266,13 @@ def _phi3_longrope_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layer
 def _glm4_moe_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_blocks: int) -> None:
     """``Glm4MoeModel.set_gguf_parameters``: ``TextModel``'s (its expert and group counts
     too), the rotated dims, the MoE keys and the MTP layer count."""
-    _text_model_metadata(writer, hparams, num_blocks)
+    text_model_metadata(writer, hparams, num_blocks)
     writer.add_expert_count(hparams["n_routed_experts"])
     writer.add_expert_used_count(hparams["num_experts_per_tok"])
     writer.add_expert_group_count(hparams["n_group"])
     writer.add_expert_group_used_count(hparams["topk_group"])
     head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
-    partial = _rope_parameters(hparams).get("partial_rotary_factor", 0.5)
+    partial = rope_parameters(hparams).get("partial_rotary_factor", 0.5)
     writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_expert_feed_forward_length(hparams["moe_intermediate_size"])
     writer.add_expert_shared_count(hparams["n_shared_experts"])
@@ -290,12 +283,38 @@ def _glm4_moe_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_blocks: in
     writer.add_nextn_predict_layers(hparams["num_nextn_predict_layers"])
 
 
+def _deepseek2_family(legacy_mla: bool) -> _Family:
+    def write_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_blocks: int) -> None:
+        deepseek2_metadata(writer, hparams, num_blocks, legacy_mla=legacy_mla)
+
+    return _Family(
+        gguf.MODEL_ARCH.DEEPSEEK2,
+        write_metadata,
+        convert_tensors=None if legacy_mla else split_kv_b,
+    )
+
+
+def _gpt_oss_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_blocks: int) -> None:
+    """``GptOssModel.set_gguf_parameters``: ``TextModel``'s (YaRN with its betas; the expert
+    counts), the sliding window and the experts' width."""
+    text_model_metadata(writer, hparams, num_blocks)
+    writer.add_expert_count(hparams["num_local_experts"])
+    writer.add_expert_used_count(hparams["num_experts_per_tok"])
+    writer.add_sliding_window(hparams["sliding_window"])
+    writer.add_expert_feed_forward_length(hparams["intermediate_size"])
+
+
 _FILE_TYPES = {
     Q.F32: gguf.LlamaFileType.ALL_F32,
     Q.F16: gguf.LlamaFileType.MOSTLY_F16,
     Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 _FAMILIES = {
+    "gpt_oss": _Family(
+        gguf.MODEL_ARCH.GPT_OSS,
+        _gpt_oss_metadata,
+        convert_tensors=lambda tensors, hparams: gpt_oss_tensors(tensors),
+    ),
     "gemma2": _Family(gguf.MODEL_ARCH.GEMMA2, _gemma2_metadata, norm_shift=1.0, skips_lm_head=True),
     "gemma3_text": _Family(gguf.MODEL_ARCH.GEMMA3, _gemma3_metadata, norm_shift=1.0),
     "phi3": _Family(

@@ -27,8 +27,10 @@ from metrale_model_arch.families.gemma3 import (
     gemma3_checkpoint_mapping,
 )
 from metrale_model_arch.families.gguf_names import (
+    DEEPSEEK2_GGUF_NAMES,
     GEMMA_GGUF_NAMES,
     GLM4_MOE_GGUF_NAMES,
+    GPT_OSS_GGUF_NAMES,
     LLAMA_GGUF_NAMES,
     OLMO2_GGUF_NAMES,
     PHI3_GGUF_NAMES,
@@ -112,7 +114,7 @@ DEEPSEEK_V2 = Architecture(
     model_type="deepseek_v2",
     module=DeepseekForCausalLM,
     checkpoint_mapping=deepseek_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=DEEPSEEK2_GGUF_NAMES,
     param_counts=deepseek_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.MLA}),
@@ -122,7 +124,7 @@ GPT_OSS = Architecture(
     model_type="gpt_oss",
     module=GptOssForCausalLM,
     checkpoint_mapping=gpt_oss_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=GPT_OSS_GGUF_NAMES,
     param_counts=gpt_oss_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),

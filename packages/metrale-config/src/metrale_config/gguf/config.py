@@ -1,5 +1,6 @@
 """GGUF metadata → ``ModelConfig``: the llama-like architectures (llama, qwen2, qwen3, qwen3moe)
-here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``."""
+here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``,
+DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import re
 
 from metrale_config.errors import ConfigError
 from metrale_config.fields import FieldReader
+from metrale_config.gguf.deepseek2 import DEEPSEEK2_ARCHITECTURE, with_deepseek2
 from metrale_config.gguf.dense_families import DENSE_GGUF_ARCHITECTURES, with_dense_family
 from metrale_config.gguf.glm4_moe import GLM4_MOE_ARCHITECTURE, with_glm4_moe
+from metrale_config.gguf.gpt_oss import GPT_OSS_ARCHITECTURE, with_gpt_oss
 from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
 from metrale_config.gguf.moe import model_type_of, with_moe
 from metrale_config.layer_types import LayerType
@@ -24,9 +27,15 @@ SUPPORTED_GGUF_ARCHITECTURES = (
     "qwen3moe",
     *DENSE_GGUF_ARCHITECTURES,
     GLM4_MOE_ARCHITECTURE,
+    DEEPSEEK2_ARCHITECTURE,
+    GPT_OSS_ARCHITECTURE,
 )
 # GGUF architecture -> model_type where the names differ (MoE variants: ``gguf.moe``).
-MODEL_TYPE_OF_ARCHITECTURE = {"gemma3": "gemma3_text", GLM4_MOE_ARCHITECTURE: "glm4_moe"}
+MODEL_TYPE_OF_ARCHITECTURE = {
+    "gemma3": "gemma3_text",
+    GLM4_MOE_ARCHITECTURE: "glm4_moe",
+    GPT_OSS_ARCHITECTURE: "gpt_oss",
+}
 # NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
 # config records it as a rope_type no family implements, so a family refuses it rather than
 # running with the wrong frequencies.
@@ -84,6 +93,10 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
     config = with_dense_family(config, reader, header, arch)
     if arch == GLM4_MOE_ARCHITECTURE:
         config = with_glm4_moe(config, reader, header)
+    if arch == DEEPSEEK2_ARCHITECTURE:
+        config = with_deepseek2(config, reader, header)
+    if arch == GPT_OSS_ARCHITECTURE:
+        config = with_gpt_oss(config, reader, header)
     validate_model_config(config)
     return config
 

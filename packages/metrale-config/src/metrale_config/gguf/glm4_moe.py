@@ -13,7 +13,8 @@ import attrs
 
 from metrale_config.fields import FieldReader
 from metrale_config.gguf.header import GgufHeader
-from metrale_config.model_config import ModelConfig, MoeConfig, MtpConfig
+from metrale_config.gguf.shared_expert_moe import read_shared_expert_moe
+from metrale_config.model_config import ModelConfig, MtpConfig
 
 GLM4_MOE_ARCHITECTURE = "glm4moe"
 SIGMOID_GATING = 2
@@ -33,35 +34,17 @@ def with_glm4_moe(config: ModelConfig, reader: FieldReader, header: GgufHeader) 
     if not 0 <= num_mtp < num_blocks:
         raise reader.error(f"{arch}.nextn_predict_layers", f"must be in [0, {num_blocks})")
     num_layers = num_blocks - num_mtp
-    num_dense = reader.integer(f"{arch}.leading_dense_block_count", 0)
-    moe_intermediate_size = reader.positive_integer(f"{arch}.expert_feed_forward_length")
-    num_shared = reader.integer(f"{arch}.expert_shared_count", 0)
-
-    def mlp_kind(layer_index: int) -> str:
-        return "sparse" if layer_index >= num_dense else "dense"
-
-    moe = MoeConfig(
-        num_experts=reader.positive_integer(f"{arch}.expert_count"),
-        num_experts_per_tok=reader.positive_integer(f"{arch}.expert_used_count"),
-        moe_intermediate_size=moe_intermediate_size,
-        num_shared_experts=num_shared,
-        shared_expert_intermediate_size=moe_intermediate_size * num_shared or None,
-        norm_topk_prob=reader.boolean(f"{arch}.expert_weights_norm", False),
-        routed_scaling_factor=reader.number(f"{arch}.expert_weights_scale", 1.0),
-        n_group=reader.positive_integer(f"{arch}.expert_group_count", 1),
-        topk_group=reader.positive_integer(f"{arch}.expert_group_used_count", 1),
-        mlp_layer_types=tuple(mlp_kind(i) for i in range(num_layers)),
-    )
+    moe = read_shared_expert_moe(reader, arch, num_blocks)
+    kinds = moe.mlp_layer_types
     mtp = None
     if num_mtp:
-        kinds = tuple(mlp_kind(num_layers + k) for k in range(num_mtp))
-        mtp = MtpConfig(num_layers=num_mtp, mlp_layer_types=kinds)
+        mtp = MtpConfig(num_layers=num_mtp, mlp_layer_types=kinds[num_layers:])
     rotary_dims = reader.integer(f"{arch}.rope.dimension_count", config.head_dim)
     return attrs.evolve(
         config,
         num_hidden_layers=num_layers,
         layer_types=config.layer_types[:num_layers],
         partial_rotary_factor=rotary_dims / config.head_dim,
-        moe=moe,
+        moe=attrs.evolve(moe, mlp_layer_types=kinds[:num_layers]),
         mtp=mtp,
     )

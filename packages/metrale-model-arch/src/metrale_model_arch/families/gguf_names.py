@@ -47,6 +47,11 @@ BLOCK_NAMES = {
 _BLOCK_TENSOR = re.compile(r"blk\.(?P<layer>\d+)\.(?P<part>[a-z_.]+)\.(?P<kind>weight|bias)")
 
 
+# A half of a checkpoint tensor that llama.cpp's converter split in two: MLA's ``kv_b_proj``
+# (``k_b``, ``v_b``), gpt-oss's interleaved expert ``gate_up_proj`` (``gate``, ``up``).
+SplitRole = Literal["k_b", "v_b", "gate", "up"]
+
+
 class UnknownGgufTensorError(KeyError):
     """A GGUF tensor name with no checkpoint counterpart known here."""
 
@@ -62,13 +67,20 @@ class GgufNames:
     biases) for its rotary layout (``convert_hf_to_gguf.py``'s ``LlamaModel.permute``: llama,
     llama-layout Mixtral, and its subclasses granite and smollm3); the others are stored
     unpermuted. ``norm_weight_shift``: the converter stored every RMSNorm weight plus this
-    (gemma's ``1 + w`` norms: ``+ 1``); the loader subtracts it.
+    (gemma's ``1 + w`` norms: ``+ 1``); the loader subtracts it. ``split_block_names``: the
+    halves of one checkpoint tensor, ``<part>.<weight|bias>`` -> ``(whole name, role)``, that
+    the loader joins back (DeepSeek's ``attn_k_b`` / ``attn_v_b`` -> ``kv_b_proj``, gpt-oss's
+    ``ffn_gate_exps`` / ``ffn_up_exps`` -> ``gate_up_proj``).
+    ``transposed_block_names``: the ``<part>.weight`` stored with their last two axes swapped
+    relative to the checkpoint (gpt-oss's experts, which transformers multiplies from the left).
     """
 
     block_names: Mapping[str, str] = attrs.field(factory=lambda: dict(BLOCK_NAMES))
     # ``<part>.<weight|bias>`` -> a whole checkpoint name (no ``.weight`` / ``.bias`` added).
     whole_block_names: Mapping[str, str] = attrs.field(factory=dict)
     top_level_names: Mapping[str, str] = attrs.field(factory=lambda: dict(TOP_LEVEL_NAMES))
+    split_block_names: Mapping[str, tuple[str, SplitRole]] = attrs.field(factory=dict)
+    transposed_block_names: frozenset[str] = frozenset()
     rotary_permuted: bool = False
     norm_weight_shift: float = 0.0
 
@@ -87,9 +99,26 @@ class GgufNames:
         prefix, part, kind = f"model.layers.{match['layer']}", match["part"], match["kind"]
         if (whole := self.whole_block_names.get(f"{part}.{kind}")) is not None:
             return f"{prefix}.{whole}"
+        if (split := self.split_block_names.get(f"{part}.{kind}")) is not None:
+            return f"{prefix}.{split[0]}"
         if part not in self.block_names:
             raise UnknownGgufTensorError(f"GGUF tensor {gguf_name!r} has no Hugging Face name")
         return f"{prefix}.{self.block_names[part]}.{kind}"
+
+    def split_role(self, gguf_name: str) -> SplitRole | None:
+        """Which half of its checkpoint tensor ``gguf_name`` holds; ``None``: all of it."""
+        match = _BLOCK_TENSOR.fullmatch(gguf_name)
+        if match is None:
+            return None
+        split = self.split_block_names.get(f"{match['part']}.{match['kind']}")
+        return None if split is None else split[1]
+
+    def is_transposed(self, gguf_name: str) -> bool:
+        """Whether ``gguf_name`` holds its checkpoint tensor with the last two axes swapped."""
+        match = _BLOCK_TENSOR.fullmatch(gguf_name)
+        return (
+            match is not None and f"{match['part']}.{match['kind']}" in self.transposed_block_names
+        )
 
     def stored_shift(self, gguf_name: str) -> float:
         """What the converter added to ``gguf_name``'s values (0.0: stored as they are)."""
@@ -139,15 +168,18 @@ PHI3_GGUF_NAMES = GgufNames(
         "ffn_norm": "post_attention_layernorm",
     }
 )
+_SHARED_EXPERT_NAMES = {
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 # GLM-4.5: shared experts, the routing correction bias, and the MTP layers' own tensors
 # (``blk.{num_hidden_layers + k}.nextn.*``; their embedding and head are copies).
 GLM4_MOE_GGUF_NAMES = GgufNames(
     block_names={
         **BLOCK_NAMES,
         "post_attention_norm": "post_attention_layernorm",
-        "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-        "ffn_up_shexp": "mlp.shared_experts.up_proj",
-        "ffn_down_shexp": "mlp.shared_experts.down_proj",
+        **_SHARED_EXPERT_NAMES,
         "nextn.eh_proj": "eh_proj",
         "nextn.enorm": "enorm",
         "nextn.hnorm": "hnorm",
@@ -156,4 +188,49 @@ GLM4_MOE_GGUF_NAMES = GgufNames(
         "nextn.shared_head_norm": "shared_head.norm",
     },
     whole_block_names={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+)
+# DeepSeek-V2 / V3: MLA's projections and norms. Files converted since llama.cpp's MLA change
+# hold ``kv_b_proj`` as ``attn_k_b`` (each head's key rows transposed) and ``attn_v_b``; older
+# ones whole, as ``attn_kv_b``. V3's MTP layers are not converted.
+DEEPSEEK2_GGUF_NAMES = GgufNames(
+    block_names={
+        **BLOCK_NAMES,
+        **_SHARED_EXPERT_NAMES,
+        "attn_q_a": "self_attn.q_a_proj",
+        "attn_q_a_norm": "self_attn.q_a_layernorm",
+        "attn_q_b": "self_attn.q_b_proj",
+        "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+        "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+        "attn_kv_b": "self_attn.kv_b_proj",
+    },
+    whole_block_names={"exp_probs_b.bias": "mlp.gate.e_score_correction_bias"},
+    split_block_names={
+        "attn_k_b.weight": ("self_attn.kv_b_proj.weight", "k_b"),
+        "attn_v_b.weight": ("self_attn.kv_b_proj.weight", "v_b"),
+    },
+)
+# gpt-oss: the sinks, the biased router, and the experts (stacked, transposed; gate and up
+# split out of transformers' interleaved gate_up_proj, weights and biases).
+_GPT_OSS_EXPERTS: Mapping[str, tuple[str, SplitRole]] = {
+    "ffn_gate_exps.weight": ("mlp.experts.gate_up_proj", "gate"),
+    "ffn_up_exps.weight": ("mlp.experts.gate_up_proj", "up"),
+    "ffn_gate_exps.bias": ("mlp.experts.gate_up_proj_bias", "gate"),
+    "ffn_up_exps.bias": ("mlp.experts.gate_up_proj_bias", "up"),
+}
+GPT_OSS_GGUF_NAMES = GgufNames(
+    block_names={
+        name: hf_name for name, hf_name in BLOCK_NAMES.items() if not name.startswith("ffn_")
+    },
+    whole_block_names={
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "attn_sinks.weight": "self_attn.sinks",
+        "ffn_gate_inp.weight": "mlp.router.weight",
+        "ffn_gate_inp.bias": "mlp.router.bias",
+        "ffn_down_exps.weight": "mlp.experts.down_proj",
+        "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
+    },
+    split_block_names=_GPT_OSS_EXPERTS,
+    transposed_block_names=frozenset(
+        {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
+    ),
 )

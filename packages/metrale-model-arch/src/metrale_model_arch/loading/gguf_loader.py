@@ -24,16 +24,21 @@ from metrale_config import (
 )
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
-from metrale_model_arch.families.gguf_names import SKIPPED_GGUF_TENSORS, UnknownGgufTensorError
+from metrale_model_arch.families.gguf_names import (
+    SKIPPED_GGUF_TENSORS,
+    SplitRole,
+    UnknownGgufTensorError,
+)
 from metrale_model_arch.gguf_dequant import dequantize
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
+from metrale_model_arch.loading.gguf_split_tensors import join_split_tensor
 from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.q4_1_blocks import Q4_1Blocks, dense
 from metrale_model_arch.registry import planned_architecture
 from metrale_model_arch.weight_format import Quantization
 
-SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+SUPPORTED_GGML_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "MXFP4")
 
 
 @attrs.frozen(kw_only=True)
@@ -45,6 +50,10 @@ class _PlannedTensor:
     num_permuted_heads: int | None
     # Subtracted from the values: what llama.cpp's converter added (gemma's norms).
     stored_shift: float = 0.0
+    # Which half of ``hf_name`` this tensor holds (joined with the other); None: all of it.
+    split_role: SplitRole | None = None
+    # Stored with its last two axes swapped (gpt-oss's experts).
+    is_transposed: bool = False
 
 
 def read_gguf_weights(
@@ -68,8 +77,9 @@ def iter_gguf_weights(
     """Yield ``(hf_name, tensor)`` for every tensor of ``header``'s file, float32 on the CPU.
 
     Each tensor is dequantized when it is reached (types ``SUPPORTED_GGML_TYPES``), laid out
-    row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows and its
-    shift of gemma's norm weights undone.
+    row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows, its
+    shift of gemma's norm weights, its transposition of gpt-oss's experts and its splits (MLA's
+    ``kv_b_proj``, gpt-oss's ``gate_up_proj``) undone.
     There is no ``lm_head.weight`` when the file ties it to the embedding. Unknown tensor names,
     unsupported types and tensors past the end of the file raise :class:`CheckpointError`
     before anything is yielded.
@@ -164,9 +174,29 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
                 ggml_type=gguf.GGMLQuantizationType[info.ggml_type],
                 num_permuted_heads=None if permuted is None else heads[permuted],
                 stored_shift=names.stored_shift(info.name),
+                split_role=names.split_role(info.name),
+                is_transposed=names.is_transposed(info.name),
             )
         )
+    _check_one_source_each(header, plan)
     return plan
+
+
+def _check_one_source_each(header: GgufHeader, plan: list[_PlannedTensor]) -> None:
+    """Every checkpoint name comes from one tensor, or from both halves of a split one."""
+    sources: dict[str, list[_PlannedTensor]] = {}
+    for tensor in plan:
+        sources.setdefault(tensor.hf_name, []).append(tensor)
+    for hf_name, tensors in sources.items():
+        roles = sorted(str(tensor.split_role) for tensor in tensors)
+        if roles in (["None"], ["k_b", "v_b"], ["gate", "up"]):
+            continue
+        names = ", ".join(tensor.info.name for tensor in tensors)
+        raise CheckpointError(
+            f"{header.source}: {hf_name!r} comes from {names}; it needs one whole tensor or "
+            "both halves of llama.cpp's split (attn_k_b and attn_v_b, or the experts' gate "
+            "and up)"
+        )
 
 
 def _read_tensors(
@@ -176,14 +206,44 @@ def _read_tensors(
         file_data = np.memmap(path, dtype=np.uint8, mode="r")
     except OSError as exc:
         raise CheckpointError(f"GGUF file at {path}: cannot be read ({exc})") from exc
+    halves: dict[str, dict[SplitRole, np.ndarray]] = {}
     for tensor in plan:
-        yield tensor.hf_name, _read_tensor(path, file_data, tensor, q4_1_blocks)
+        if tensor.split_role is None:
+            yield tensor.hf_name, _read_tensor(path, file_data, tensor, q4_1_blocks)
+        else:
+            pair = halves.setdefault(tensor.hf_name, {})
+            pair[tensor.split_role] = _read_values(path, file_data, tensor)
+            if len(pair) == 2:
+                del halves[tensor.hf_name]
+                yield tensor.hf_name, _joined(path, tensor.hf_name, pair)
         on_tensor(1)
+
+
+def _joined(path: str, hf_name: str, pair: dict[SplitRole, np.ndarray]) -> torch.Tensor:
+    try:
+        return torch.from_numpy(join_split_tensor(pair))
+    except ValueError as exc:
+        raise CheckpointError(f"GGUF file at {path}: {hf_name!r}: {exc}") from exc
 
 
 def _read_tensor(
     path: str, file_data: np.ndarray, tensor: _PlannedTensor, q4_1_blocks: bool
 ) -> torch.Tensor | Q4_1Blocks:
+    blocks = _stored_blocks(path, file_data, tensor)
+    is_q4_1_matrix = tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2
+    if q4_1_blocks and is_q4_1_matrix and not tensor.stored_shift and not tensor.is_transposed:
+        if tensor.num_permuted_heads is not None:
+            blocks = unpermute_rotary_rows(blocks, tensor.num_permuted_heads)
+        return Q4_1Blocks(np.asarray(blocks))
+    return torch.from_numpy(_values(blocks, tensor))
+
+
+def _read_values(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> np.ndarray:
+    return _values(_stored_blocks(path, file_data, tensor), tensor)
+
+
+def _stored_blocks(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> np.ndarray:
+    """The tensor's bytes, one row of blocks per row of values."""
     info = tensor.info
     block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.ggml_type]
     row_length = info.shape[-1]
@@ -193,13 +253,15 @@ def _read_tensor(
             f"{info.ggml_type} blocks of {block_size}"
         )
     raw = file_data[info.data_offset : info.data_offset + info.num_bytes]
-    blocks = raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
-    is_q4_1_matrix = tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2
-    if q4_1_blocks and is_q4_1_matrix and not tensor.stored_shift:
-        if tensor.num_permuted_heads is not None:
-            blocks = unpermute_rotary_rows(blocks, tensor.num_permuted_heads)
-        return Q4_1Blocks(np.asarray(blocks))
+    return raw.reshape(*info.shape[:-1], row_length // block_size * block_bytes)
+
+
+def _values(blocks: np.ndarray, tensor: _PlannedTensor) -> np.ndarray:
+    """Float32 values, dequantized, unpermuted, unshifted and untransposed, in writable
+    memory."""
     values = dequantize(np.asarray(blocks), tensor.ggml_type)
+    if tensor.is_transposed:
+        values = np.ascontiguousarray(values.swapaxes(-1, -2))
     if tensor.num_permuted_heads is not None:
         values = unpermute_rotary_rows(values, tensor.num_permuted_heads)
     if tensor.stored_shift:
@@ -207,4 +269,4 @@ def _read_tensor(
     if not values.flags.writeable:
         # F32 comes back as a view of the read-only file mapping.
         values = values.copy()
-    return torch.from_numpy(values)
+    return values
