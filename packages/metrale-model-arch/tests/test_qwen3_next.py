@@ -16,10 +16,11 @@ import attrs
 import pytest
 import torch
 from metrale_testing.family_parity import (
+    Bfloat16ParityChecks,
     FamilyCheckpoint,
-    FamilyParityChecks,
     assert_counts_equal_transformers,
     load_checkpoint,
+    random_prompts,
 )
 from metrale_testing.qwen3_next_mtp import add_qwen3_next_mtp, save_tiny_qwen3_next
 from safetensors.torch import load_file
@@ -108,12 +109,18 @@ def mtp_tensors(checkpoint: FamilyCheckpoint) -> dict[str, torch.Tensor]:
     return {name: tensor for name, tensor in saved.items() if name.startswith("mtp.")}
 
 
-class TestParity(FamilyParityChecks):
+class TestParity(Bfloat16ParityChecks):
     family = Qwen3NextForCausalLM
     num_greedy_tokens = 24
     # Gated DeltaNet's chunked form sums over other chunk boundaries: measured 9.7e-5 and 1.3e-4
     # (the last bit of a gate moving the second) on logits of this random model.
     chunked_atol = 2e-4
+
+    def bfloat16_prompts(self, checkpoint: FamilyCheckpoint) -> list[list[int]]:
+        # The longest prompt (70 tokens) outgrows the check's 16 blocks of 4 (on it: 0.142
+        # ours, 0.157 theirs); eight shorter ones average over router flips either way.
+        # Measured: 0.092 ours, 0.102 theirs.
+        return list(random_prompts(checkpoint.config.vocab_size, [48] * 8, seed=5).values())
 
 
 def test_config_and_cache_specs(checkpoint: FamilyCheckpoint) -> None:

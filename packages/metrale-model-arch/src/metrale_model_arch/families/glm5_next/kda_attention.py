@@ -124,9 +124,10 @@ class KdaAttention(nn.Module):
 
     def _output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Per-head RMSNorm of ``o (tokens, H, d)``, gated by ``sigmoid(g_b(g_a(x)))``, then
-        projected."""
+        projected. Norm, gate and product in float32, rounded once (transformers' and FLA's
+        gated norm)."""
         normed = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.rms_norm_eps)
-        normed = (normed * self.o_norm.to(normed.dtype)).to(x.dtype)
-        gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x))).view_as(normed)
-        out: torch.Tensor = self.o_proj((normed * gate).flatten(1))
+        gate = torch.sigmoid(widened(self.g_b_proj(self.g_a_proj(x)))).view_as(normed)
+        gated = normed * self.o_norm.to(normed.dtype) * gate
+        out: torch.Tensor = self.o_proj(gated.to(x.dtype).flatten(1))
         return out
