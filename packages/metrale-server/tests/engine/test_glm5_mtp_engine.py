@@ -24,7 +24,7 @@ from metrale_model_arch.cache_spec import dsa_capacity
 from metrale_model_arch.families.glm5_next import Glm5NextForCausalLM
 from metrale_model_arch.kv_cache import allocate_layer_cache
 from metrale_model_arch.memory import mtp_cache_spec
-from metrale_model_arch.owners import PER_SEQUENCE_STATE, PROPOSER_STATE
+from metrale_model_arch.owners import DRAFT_KV_POOL, PER_SEQUENCE_STATE, PROPOSER_STATE
 from metrale_server import LLM, EngineArgs, SamplingParams, build_engine
 from metrale_server.memory.preflight import plan_log_lines
 from metrale_server.memory.report import memory_report
@@ -240,6 +240,13 @@ def test_the_proposer_state_is_planned_and_charged(glm5_mtp_dir: Path, flat: boo
         f"Per-sequence state reserve: {3 * (target + proposer) / mib:.1f} MiB = 3 seq x "
         f"({target / mib:.1f} MiB target DSA layers + {proposer / mib:.1f} MiB proposer)"
     )
+    # The MTP layer's K/V pool, said beside it (none without speculation).
+    pool_line = f"MTP draft pool: {live[DRAFT_KV_POOL] / mib:.1f} MiB = {engine.plan.kv_blocks} "
+    assert any(
+        line.startswith(pool_line) for line in plan_log_lines(engine.plan, engine.loaded.config)
+    )
+    plain_lines = plan_log_lines(plain.plan, plain.loaded.config)
+    assert not any(line.startswith("MTP draft pool") for line in plain_lines)
     report = memory_report(engine.plan, engine.ledger, engine.loaded.device)
     assert report.plan_by_owner[PROPOSER_STATE] == report.ledger_by_owner[PROPOSER_STATE]
     # Speculation off: no proposer state, planned or allocated.

@@ -283,6 +283,11 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
             f"of {plan.draft_kv_block_bytes} B; positions up to "
             f"{draft_max_seq_len(draft.config, inputs.max_seq_len)}"
         )
+    if inputs.mtp and plan.draft_kv_bytes_per_token:
+        lines.append(
+            f"MTP draft pool: {_mb(plan.draft_kv_pool_bytes)} MiB = {plan.kv_blocks} blocks (one "
+            f"per KV block) of {plan.draft_kv_block_bytes} B for the MTP layer's K/V"
+        )
     if inputs.encoder is not None:
         encoder = inputs.encoder
         lines.append(
