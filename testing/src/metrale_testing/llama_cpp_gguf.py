@@ -1,18 +1,19 @@
 """A saved transformers checkpoint -> the GGUF llama.cpp's ``convert_hf_to_gguf.py`` writes for it,
 for the dense families gemma2, gemma3_text, phi3, olmo2, granite and smollm3, glm4_moe,
-deepseek_v2 / deepseek_v3 and gpt_oss.
+deepseek_v2 / deepseek_v3, gpt_oss and qwen3_next.
 
 Written from the converter's model classes (``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``,
 ``Olmo2Model``, ``GraniteModel``, ``SmolLM3Model``, ``Glm4MoeModel``, ``DeepseekV2Model``,
-``GptOssModel``; ``TextModel`` / ``LlamaModel`` for what they inherit) and gguf-py's tensor map:
-the same metadata keys and values, tensor names, and value transforms (Q/K rows permuted where
-``LlamaModel`` permutes; gemma's norms ``+ 1``; Phi-3's LongRoPE factors as tensors; experts
-stacked, GLM's MTP layers as ``blk.N.nextn.*``; DeepSeek's ``kv_b_proj`` split in two, or whole
-as before llama.cpp's MLA change with ``legacy_mla``; gpt-oss's experts as
-:mod:`metrale_testing.llama_cpp_gpt_oss` writes them). No tokenizer is written (the checkpoints
+``GptOssModel``, ``Qwen3NextModel``; ``TextModel`` / ``LlamaModel`` for what they inherit) and
+gguf-py's tensor map: the same metadata keys and values, tensor names, and value transforms (Q/K
+rows permuted where ``LlamaModel`` permutes; gemma's norms ``+ 1``; Phi-3's LongRoPE factors as
+tensors; experts stacked, GLM's MTP layers as ``blk.N.nextn.*``; DeepSeek's ``kv_b_proj`` split
+in two, or whole as before llama.cpp's MLA change with ``legacy_mla``; gpt-oss's experts as
+:mod:`metrale_testing.llama_cpp_gpt_oss` writes them; Qwen3-Next's tensors as
+:mod:`metrale_testing.llama_cpp_qwen3next` does). No tokenizer is written (the checkpoints
 have none), so nothing is trimmed from gemma3's embedding. Matrices go to ``qtype``; 1-D
-tensors, biases, norms and routers stay F32, and a matrix whose rows are not whole ``qtype``
-blocks falls back to F16, as the converter does.
+tensors, biases, norms, routers and conv1d kernels stay F32, and a matrix whose rows are not
+whole ``qtype`` blocks falls back to F16, as the converter does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from safetensors.numpy import load_file
 
 from metrale_testing.llama_cpp_deepseek2 import DEEPSEEK_TYPES, deepseek2_metadata, split_kv_b
 from metrale_testing.llama_cpp_gpt_oss import RawTensor, gpt_oss_tensors
+from metrale_testing.llama_cpp_qwen3next import qwen3next_metadata, qwen3next_tensors
 from metrale_testing.llama_cpp_text_model import Hparams, rope_parameters, text_model_metadata
 
 Q = gguf.GGMLQuantizationType
@@ -130,9 +132,10 @@ def _stacked_experts(
 
 
 def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, qtype: Q) -> None:
-    # The converter keeps 1-D tensors, biases, norms and routers in float32.
+    # The converter keeps 1-D tensors, biases, norms, routers and conv1d kernels in float32.
     is_float32 = data.ndim <= 1 or not name.endswith(".weight")
-    is_float32 = is_float32 or name.endswith(("_norm.weight", "ffn_gate_inp.weight"))
+    always_float32 = ("_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight")
+    is_float32 = is_float32 or name.endswith(always_float32)
     if is_float32 or qtype == Q.F32:
         writer.add_tensor(name, data)
     elif qtype == Q.F16:
@@ -310,6 +313,9 @@ _FILE_TYPES = {
     Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 _FAMILIES = {
+    "qwen3_next": _Family(
+        gguf.MODEL_ARCH.QWEN3NEXT, qwen3next_metadata, convert_tensors=qwen3next_tensors
+    ),
     "gpt_oss": _Family(
         gguf.MODEL_ARCH.GPT_OSS,
         _gpt_oss_metadata,

@@ -34,6 +34,7 @@ from metrale_model_arch.families.gguf_names import (
     LLAMA_GGUF_NAMES,
     OLMO2_GGUF_NAMES,
     PHI3_GGUF_NAMES,
+    QWEN3NEXT_GGUF_NAMES,
     QWEN_GGUF_NAMES,
     GgufNames,
 )
@@ -145,7 +146,7 @@ QWEN3_NEXT = Architecture(
     model_type="qwen3_next",
     module=Qwen3NextForCausalLM,
     checkpoint_mapping=qwen3_next_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=QWEN3NEXT_GGUF_NAMES,
     param_counts=qwen3_next_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.LINEAR_STATE}),

@@ -1,6 +1,6 @@
 """GGUF metadata → ``ModelConfig``: the llama-like architectures (llama, qwen2, qwen3, qwen3moe)
 here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``,
-DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``."""
+DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``, Qwen3-Next in ``qwen3next``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from metrale_config.gguf.glm4_moe import GLM4_MOE_ARCHITECTURE, with_glm4_moe
 from metrale_config.gguf.gpt_oss import GPT_OSS_ARCHITECTURE, with_gpt_oss
 from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
 from metrale_config.gguf.moe import model_type_of, with_moe
+from metrale_config.gguf.qwen3next import QWEN3NEXT_ARCHITECTURE, with_qwen3next
 from metrale_config.layer_types import LayerType
 from metrale_config.model_config import ModelConfig
 from metrale_config.rope import RopeScaling
@@ -29,12 +30,14 @@ SUPPORTED_GGUF_ARCHITECTURES = (
     GLM4_MOE_ARCHITECTURE,
     DEEPSEEK2_ARCHITECTURE,
     GPT_OSS_ARCHITECTURE,
+    QWEN3NEXT_ARCHITECTURE,
 )
 # GGUF architecture -> model_type where the names differ (MoE variants: ``gguf.moe``).
 MODEL_TYPE_OF_ARCHITECTURE = {
     "gemma3": "gemma3_text",
     GLM4_MOE_ARCHITECTURE: "glm4_moe",
     GPT_OSS_ARCHITECTURE: "gpt_oss",
+    QWEN3NEXT_ARCHITECTURE: "qwen3_next",
 }
 # NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
 # config records it as a rope_type no family implements, so a family refuses it rather than
@@ -97,6 +100,8 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         config = with_deepseek2(config, reader, header)
     if arch == GPT_OSS_ARCHITECTURE:
         config = with_gpt_oss(config, reader, header)
+    if arch == QWEN3NEXT_ARCHITECTURE:
+        config = with_qwen3next(config, reader, header)
     validate_model_config(config)
     return config
 

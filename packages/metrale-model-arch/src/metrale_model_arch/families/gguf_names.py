@@ -44,12 +44,17 @@ BLOCK_NAMES = {
     "ffn_down_exps": "mlp.experts.down_proj",
 }
 
-_BLOCK_TENSOR = re.compile(r"blk\.(?P<layer>\d+)\.(?P<part>[a-z_.]+)\.(?P<kind>weight|bias)")
+_BLOCK_TENSOR = re.compile(
+    r"blk\.(?P<layer>\d+)\.(?P<part>[a-z][a-z0-9_.]*)\.(?P<kind>weight|bias)"
+)
+# A block tensor named without ``.weight`` / ``.bias`` (Qwen3-Next's ``ssm_a``).
+_BARE_BLOCK_TENSOR = re.compile(r"blk\.(?P<layer>\d+)\.(?P<part>[a-z][a-z0-9_]*)")
 
 
-# A half of a checkpoint tensor that llama.cpp's converter split in two: MLA's ``kv_b_proj``
-# (``k_b``, ``v_b``), gpt-oss's interleaved expert ``gate_up_proj`` (``gate``, ``up``).
-SplitRole = Literal["k_b", "v_b", "gate", "up"]
+# A part of a checkpoint tensor that llama.cpp's converter split in two: MLA's ``kv_b_proj``
+# (``k_b``, ``v_b``), gpt-oss's interleaved expert ``gate_up_proj`` (``gate``, ``up``),
+# Qwen3-Next's ``in_proj_qkvz`` (``qkv``, ``z``).
+SplitRole = Literal["k_b", "v_b", "gate", "up", "qkv", "z"]
 
 
 class UnknownGgufTensorError(KeyError):
@@ -73,6 +78,12 @@ class GgufNames:
     ``ffn_gate_exps`` / ``ffn_up_exps`` -> ``gate_up_proj``).
     ``transposed_block_names``: the ``<part>.weight`` stored with their last two axes swapped
     relative to the checkpoint (gpt-oss's experts, which transformers multiplies from the left).
+    ``unshifted_norms``: the ``<part>`` norms that ``norm_weight_shift`` spares (Qwen3-Next's
+    gated ``ssm_norm``). ``negated_exp_block_names``: the tensors stored as ``-exp(x)`` of the
+    checkpoint's ``x`` (Qwen3-Next's ``ssm_a`` from ``A_log``). ``squeezed_block_names``:
+    depthwise conv1d weights stored without their unit axis 1 (``(channels, kernel)``).
+    Block tensors named without ``.weight`` / ``.bias`` are looked up by ``<part>`` alone in
+    ``whole_block_names`` and these sets.
     """
 
     block_names: Mapping[str, str] = attrs.field(factory=lambda: dict(BLOCK_NAMES))
@@ -81,6 +92,9 @@ class GgufNames:
     top_level_names: Mapping[str, str] = attrs.field(factory=lambda: dict(TOP_LEVEL_NAMES))
     split_block_names: Mapping[str, tuple[str, SplitRole]] = attrs.field(factory=dict)
     transposed_block_names: frozenset[str] = frozenset()
+    unshifted_norms: frozenset[str] = frozenset()
+    negated_exp_block_names: frozenset[str] = frozenset()
+    squeezed_block_names: frozenset[str] = frozenset()
     rotary_permuted: bool = False
     norm_weight_shift: float = 0.0
 
@@ -93,36 +107,45 @@ class GgufNames:
             return None
         if gguf_name in self.top_level_names:
             return self.top_level_names[gguf_name]
-        match = _BLOCK_TENSOR.fullmatch(gguf_name)
+        match = _BLOCK_TENSOR.fullmatch(gguf_name) or _BARE_BLOCK_TENSOR.fullmatch(gguf_name)
         if match is None:
             raise UnknownGgufTensorError(f"GGUF tensor {gguf_name!r} has no Hugging Face name")
-        prefix, part, kind = f"model.layers.{match['layer']}", match["part"], match["kind"]
-        if (whole := self.whole_block_names.get(f"{part}.{kind}")) is not None:
+        prefix, part = f"model.layers.{match['layer']}", match["part"]
+        kind: str | None = match.groupdict().get("kind")
+        key = part if kind is None else f"{part}.{kind}"
+        if (whole := self.whole_block_names.get(key)) is not None:
             return f"{prefix}.{whole}"
-        if (split := self.split_block_names.get(f"{part}.{kind}")) is not None:
+        if (split := self.split_block_names.get(key)) is not None:
             return f"{prefix}.{split[0]}"
-        if part not in self.block_names:
+        if kind is None or part not in self.block_names:
             raise UnknownGgufTensorError(f"GGUF tensor {gguf_name!r} has no Hugging Face name")
         return f"{prefix}.{self.block_names[part]}.{kind}"
 
     def split_role(self, gguf_name: str) -> SplitRole | None:
-        """Which half of its checkpoint tensor ``gguf_name`` holds; ``None``: all of it."""
-        match = _BLOCK_TENSOR.fullmatch(gguf_name)
-        if match is None:
-            return None
-        split = self.split_block_names.get(f"{match['part']}.{match['kind']}")
+        """Which part of its checkpoint tensor ``gguf_name`` holds; ``None``: all of it."""
+        split = self.split_block_names.get(_block_key(gguf_name) or "")
         return None if split is None else split[1]
 
     def is_transposed(self, gguf_name: str) -> bool:
         """Whether ``gguf_name`` holds its checkpoint tensor with the last two axes swapped."""
-        match = _BLOCK_TENSOR.fullmatch(gguf_name)
-        return (
-            match is not None and f"{match['part']}.{match['kind']}" in self.transposed_block_names
-        )
+        return _block_key(gguf_name) in self.transposed_block_names
+
+    def is_negated_exp(self, gguf_name: str) -> bool:
+        """Whether ``gguf_name`` holds ``-exp(x)`` of its checkpoint tensor ``x``."""
+        return _block_key(gguf_name) in self.negated_exp_block_names
+
+    def is_squeezed(self, gguf_name: str) -> bool:
+        """Whether ``gguf_name`` holds a conv1d weight without its unit axis 1."""
+        return _block_key(gguf_name) in self.squeezed_block_names
 
     def stored_shift(self, gguf_name: str) -> float:
         """What the converter added to ``gguf_name``'s values (0.0: stored as they are)."""
-        return self.norm_weight_shift if gguf_name.endswith("norm.weight") else 0.0
+        if not gguf_name.endswith("norm.weight"):
+            return 0.0
+        match = _BLOCK_TENSOR.fullmatch(gguf_name)
+        if match is not None and match["part"] in self.unshifted_norms:
+            return 0.0
+        return self.norm_weight_shift
 
     def permuted_projection(self, gguf_name: str) -> Literal["q", "k"] | None:
         """``"q"`` or ``"k"`` when ``gguf_name`` is a projection stored with its rows permuted
@@ -138,6 +161,15 @@ class GgufNames:
         if part == "attn_k":
             return "k"
         return None
+
+
+def _block_key(gguf_name: str) -> str | None:
+    """``<part>.<weight|bias>`` of a block tensor, ``<part>`` of a bare one, else ``None``."""
+    if match := _BLOCK_TENSOR.fullmatch(gguf_name):
+        return f"{match['part']}.{match['kind']}"
+    if match := _BARE_BLOCK_TENSOR.fullmatch(gguf_name):
+        return match["part"]
+    return None
 
 
 LLAMA_GGUF_NAMES = GgufNames(rotary_permuted=True)
@@ -233,4 +265,32 @@ GPT_OSS_GGUF_NAMES = GgufNames(
     transposed_block_names=frozenset(
         {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}
     ),
+)
+# Qwen3-Next: the gated attention's q projection (query and gate rows) as it is, the Gated
+# DeltaNet's tensors (``in_proj_qkvz`` regrouped into ``attn_qkv`` and ``attn_gate``, or whole
+# as ``ssm_in`` in the first converted files), the shared expert and its gate; every norm but
+# ``ssm_norm`` stored ``+ 1``. The converter drops the MTP layers.
+QWEN3NEXT_GGUF_NAMES = GgufNames(
+    block_names={
+        **BLOCK_NAMES,
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+        "ffn_down_shexp": "mlp.shared_expert.down_proj",
+        "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+        "ssm_in": "linear_attn.in_proj_qkvz",
+        "ssm_ba": "linear_attn.in_proj_ba",
+        "ssm_conv1d": "linear_attn.conv1d",
+        "ssm_norm": "linear_attn.norm",
+        "ssm_out": "linear_attn.out_proj",
+    },
+    whole_block_names={"ssm_dt.bias": "linear_attn.dt_bias", "ssm_a": "linear_attn.A_log"},
+    split_block_names={
+        "attn_qkv.weight": ("linear_attn.in_proj_qkvz.weight", "qkv"),
+        "attn_gate.weight": ("linear_attn.in_proj_qkvz.weight", "z"),
+    },
+    unshifted_norms=frozenset({"ssm_norm"}),
+    negated_exp_block_names=frozenset({"ssm_a"}),
+    squeezed_block_names=frozenset({"ssm_conv1d.weight"}),
+    norm_weight_shift=1.0,
 )

@@ -54,6 +54,10 @@ class _PlannedTensor:
     split_role: SplitRole | None = None
     # Stored with its last two axes swapped (gpt-oss's experts).
     is_transposed: bool = False
+    # Stored as -exp(x) of the checkpoint's x (Qwen3-Next's A_log).
+    is_negated_exp: bool = False
+    # A depthwise conv1d weight stored without its unit axis 1.
+    is_squeezed: bool = False
 
 
 def read_gguf_weights(
@@ -78,8 +82,9 @@ def iter_gguf_weights(
 
     Each tensor is dequantized when it is reached (types ``SUPPORTED_GGML_TYPES``), laid out
     row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows, its
-    shift of gemma's norm weights, its transposition of gpt-oss's experts and its splits (MLA's
-    ``kv_b_proj``, gpt-oss's ``gate_up_proj``) undone.
+    shift of the ``(1 + w)`` norm weights, its transposition of gpt-oss's experts, its
+    ``-exp(A_log)`` and squeezed conv1d kernels (Qwen3-Next) and its splits (MLA's
+    ``kv_b_proj``, gpt-oss's ``gate_up_proj``, Qwen3-Next's ``in_proj_qkvz``) undone.
     There is no ``lm_head.weight`` when the file ties it to the embedding. Unknown tensor names,
     unsupported types and tensors past the end of the file raise :class:`CheckpointError`
     before anything is yielded.
@@ -99,7 +104,9 @@ def iter_gguf_checkpoint(
     (:class:`~metrale_model_arch.q4_1_blocks.Q4_1Blocks`, rows in the same order),
     for :func:`~metrale_model_arch.build.build_model` to keep as they are in a q4 model."""
     plan = _plan(header, config)
-    return _read_tensors(header.path, plan, on_tensor, q4_1_blocks)
+    linear = config.linear_attention
+    num_key_heads = None if linear is None else linear.num_key_heads
+    return _read_tensors(header.path, plan, on_tensor, q4_1_blocks, num_key_heads)
 
 
 def load_gguf_model(
@@ -176,6 +183,8 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
                 stored_shift=names.stored_shift(info.name),
                 split_role=names.split_role(info.name),
                 is_transposed=names.is_transposed(info.name),
+                is_negated_exp=names.is_negated_exp(info.name),
+                is_squeezed=names.is_squeezed(info.name),
             )
         )
     _check_one_source_each(header, plan)
@@ -183,24 +192,28 @@ def _plan(header: GgufHeader, config: ModelConfig) -> list[_PlannedTensor]:
 
 
 def _check_one_source_each(header: GgufHeader, plan: list[_PlannedTensor]) -> None:
-    """Every checkpoint name comes from one tensor, or from both halves of a split one."""
+    """Every checkpoint name comes from one tensor, or from both parts of a split one."""
     sources: dict[str, list[_PlannedTensor]] = {}
     for tensor in plan:
         sources.setdefault(tensor.hf_name, []).append(tensor)
     for hf_name, tensors in sources.items():
         roles = sorted(str(tensor.split_role) for tensor in tensors)
-        if roles in (["None"], ["k_b", "v_b"], ["gate", "up"]):
+        if roles in (["None"], ["k_b", "v_b"], ["gate", "up"], ["qkv", "z"]):
             continue
         names = ", ".join(tensor.info.name for tensor in tensors)
         raise CheckpointError(
             f"{header.source}: {hf_name!r} comes from {names}; it needs one whole tensor or "
-            "both halves of llama.cpp's split (attn_k_b and attn_v_b, or the experts' gate "
-            "and up)"
+            "both parts of llama.cpp's split (attn_k_b and attn_v_b, the experts' gate "
+            "and up, or attn_qkv and attn_gate)"
         )
 
 
 def _read_tensors(
-    path: str, plan: list[_PlannedTensor], on_tensor: Callable[[int], None], q4_1_blocks: bool
+    path: str,
+    plan: list[_PlannedTensor],
+    on_tensor: Callable[[int], None],
+    q4_1_blocks: bool,
+    num_key_heads: int | None,
 ) -> Iterator[tuple[str, torch.Tensor | Q4_1Blocks]]:
     try:
         file_data = np.memmap(path, dtype=np.uint8, mode="r")
@@ -215,13 +228,15 @@ def _read_tensors(
             pair[tensor.split_role] = _read_values(path, file_data, tensor)
             if len(pair) == 2:
                 del halves[tensor.hf_name]
-                yield tensor.hf_name, _joined(path, tensor.hf_name, pair)
+                yield tensor.hf_name, _joined(path, tensor.hf_name, pair, num_key_heads)
         on_tensor(1)
 
 
-def _joined(path: str, hf_name: str, pair: dict[SplitRole, np.ndarray]) -> torch.Tensor:
+def _joined(
+    path: str, hf_name: str, pair: dict[SplitRole, np.ndarray], num_key_heads: int | None
+) -> torch.Tensor:
     try:
-        return torch.from_numpy(join_split_tensor(pair))
+        return torch.from_numpy(join_split_tensor(pair, num_key_heads=num_key_heads))
     except ValueError as exc:
         raise CheckpointError(f"GGUF file at {path}: {hf_name!r}: {exc}") from exc
 
@@ -231,7 +246,10 @@ def _read_tensor(
 ) -> torch.Tensor | Q4_1Blocks:
     blocks = _stored_blocks(path, file_data, tensor)
     is_q4_1_matrix = tensor.ggml_type == gguf.GGMLQuantizationType.Q4_1 and blocks.ndim == 2
-    if q4_1_blocks and is_q4_1_matrix and not tensor.stored_shift and not tensor.is_transposed:
+    is_as_stored = not (
+        tensor.stored_shift or tensor.is_transposed or tensor.is_negated_exp or tensor.is_squeezed
+    )
+    if q4_1_blocks and is_q4_1_matrix and is_as_stored:
         if tensor.num_permuted_heads is not None:
             blocks = unpermute_rotary_rows(blocks, tensor.num_permuted_heads)
         return Q4_1Blocks(np.asarray(blocks))
@@ -257,9 +275,18 @@ def _stored_blocks(path: str, file_data: np.ndarray, tensor: _PlannedTensor) -> 
 
 
 def _values(blocks: np.ndarray, tensor: _PlannedTensor) -> np.ndarray:
-    """Float32 values, dequantized, unpermuted, unshifted and untransposed, in writable
-    memory."""
+    """Float32 values, dequantized, unpermuted, unshifted, untransposed and unsqueezed, in
+    writable memory."""
     values = dequantize(np.asarray(blocks), tensor.ggml_type)
+    if tensor.is_squeezed:
+        values = values[:, None, :]
+    if tensor.is_negated_exp:
+        if not bool((values < 0).all()):
+            raise CheckpointError(
+                f"tensor {tensor.info.name!r} must hold -exp(x), all negative; it does not"
+            )
+        # float64 so that only the stored rounding remains
+        values = np.log(-values.astype(np.float64)).astype(np.float32)
     if tensor.is_transposed:
         values = np.ascontiguousarray(values.swapaxes(-1, -2))
     if tensor.num_permuted_heads is not None:

@@ -7,6 +7,10 @@ kv_lora_rank)`` (numpy order, the reverse of ggml's ``ne``).
 
 gpt-oss's ``gate_up_proj`` (and its bias) interleaves the gate (even) and up (odd) columns of
 each expert; the converter stores them apart as ``ffn_gate_exps`` and ``ffn_up_exps``.
+
+Qwen3-Next's ``in_proj_qkvz`` holds, per key head, its q and k rows then the v and z rows of
+its value heads; the converter stores the q, k and v rows of every key head in turn as
+``attn_qkv`` (all q, all k, all v) and the z rows as ``attn_gate``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,15 @@ import numpy as np
 from metrale_model_arch.families.gguf_names import SplitRole
 
 
-def join_split_tensor(halves: Mapping[SplitRole, np.ndarray]) -> np.ndarray:
-    """The checkpoint tensor from its two ``halves``; ``ValueError`` when they do not pair up."""
+def join_split_tensor(
+    halves: Mapping[SplitRole, np.ndarray], *, num_key_heads: int | None = None
+) -> np.ndarray:
+    """The checkpoint tensor from its two ``halves`` (Qwen3-Next's split needs the model's
+    ``num_key_heads``); ``ValueError`` when they do not pair up."""
+    if halves.keys() == {"qkv", "z"}:
+        if num_key_heads is None:
+            raise ValueError("attn_qkv and attn_gate need the linear attention's key heads")
+        return join_qkvz(halves["qkv"], halves["z"], num_key_heads)
     if halves.keys() == {"k_b", "v_b"}:
         return join_kv_b(halves["k_b"], halves["v_b"])
     if halves.keys() == {"gate", "up"}:
@@ -47,3 +58,19 @@ def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     if gate.shape != up.shape:
         raise ValueError(f"gate {gate.shape} and up {up.shape} differ in shape")
     return np.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+
+
+def join_qkvz(qkv: np.ndarray, z: np.ndarray, num_key_heads: int) -> np.ndarray:
+    """``in_proj_qkvz`` from ``attn_qkv`` ``(2 * key_width + value_width, hidden)`` and
+    ``attn_gate`` ``(value_width, hidden)``."""
+    value_width, hidden = z.shape
+    key_width, remainder = divmod(qkv.shape[0] - value_width, 2)
+    if remainder or key_width <= 0 or key_width % num_key_heads or value_width % num_key_heads:
+        raise ValueError(
+            f"attn_qkv {qkv.shape} and attn_gate {z.shape} do not split into "
+            f"{num_key_heads} key heads"
+        )
+    q, k, v = np.split(qkv, [key_width, 2 * key_width])
+    # (key heads, q | k | v | z rows of the head, hidden)
+    per_head = [part.reshape(num_key_heads, -1, hidden) for part in (q, k, v, z)]
+    return np.ascontiguousarray(np.concatenate(per_head, axis=1).reshape(-1, hidden))
