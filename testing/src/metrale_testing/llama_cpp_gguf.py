@@ -1,6 +1,6 @@
 """A saved transformers checkpoint -> the GGUF llama.cpp's ``convert_hf_to_gguf.py`` writes for it,
 for the dense families gemma2, gemma3_text, phi3, olmo2, granite and smollm3, glm4_moe,
-deepseek_v2 / deepseek_v3, gpt_oss and qwen3_next.
+deepseek_v2 / deepseek_v3, gpt_oss, qwen3_next and kimi_linear.
 
 Written from the converter's model classes (``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``,
 ``Olmo2Model``, ``GraniteModel``, ``SmolLM3Model``, ``Glm4MoeModel``, ``DeepseekV2Model``,
@@ -10,7 +10,8 @@ rows permuted where ``LlamaModel`` permutes; gemma's norms ``+ 1``; Phi-3's Long
 tensors; experts stacked, GLM's MTP layers as ``blk.N.nextn.*``; DeepSeek's ``kv_b_proj`` split
 in two, or whole as before llama.cpp's MLA change with ``legacy_mla``; gpt-oss's experts as
 :mod:`metrale_testing.llama_cpp_gpt_oss` writes them; Qwen3-Next's tensors as
-:mod:`metrale_testing.llama_cpp_qwen3next` does). No tokenizer is written (the checkpoints
+:mod:`metrale_testing.llama_cpp_qwen3next` does, Kimi Linear's as
+:mod:`metrale_testing.llama_cpp_kimi_linear` does). No tokenizer is written (the checkpoints
 have none), so nothing is trimmed from gemma3's embedding. Matrices go to ``qtype``; 1-D
 tensors, biases, norms, routers and conv1d kernels stay F32, and a matrix whose rows are not
 whole ``qtype`` blocks falls back to F16, as the converter does.
@@ -31,6 +32,7 @@ from safetensors.numpy import load_file
 
 from metrale_testing.llama_cpp_deepseek2 import DEEPSEEK_TYPES, deepseek2_metadata, split_kv_b
 from metrale_testing.llama_cpp_gpt_oss import RawTensor, gpt_oss_tensors
+from metrale_testing.llama_cpp_kimi_linear import kimi_linear_metadata, kimi_linear_tensors
 from metrale_testing.llama_cpp_qwen3next import qwen3next_metadata, qwen3next_tensors
 from metrale_testing.llama_cpp_text_model import Hparams, rope_parameters, text_model_metadata
 
@@ -313,6 +315,9 @@ _FILE_TYPES = {
     Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
 }
 _FAMILIES = {
+    "kimi_linear": _Family(
+        gguf.MODEL_ARCH.KIMI_LINEAR, kimi_linear_metadata, convert_tensors=kimi_linear_tensors
+    ),
     "qwen3_next": _Family(
         gguf.MODEL_ARCH.QWEN3NEXT, qwen3next_metadata, convert_tensors=qwen3next_tensors
     ),

@@ -1,6 +1,7 @@
 """GGUF metadata → ``ModelConfig``: the llama-like architectures (llama, qwen2, qwen3, qwen3moe)
 here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``,
-DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``, Qwen3-Next in ``qwen3next``."""
+DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``, Qwen3-Next in ``qwen3next``, Kimi Linear
+in ``kimi_linear``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from metrale_config.gguf.dense_families import DENSE_GGUF_ARCHITECTURES, with_de
 from metrale_config.gguf.glm4_moe import GLM4_MOE_ARCHITECTURE, with_glm4_moe
 from metrale_config.gguf.gpt_oss import GPT_OSS_ARCHITECTURE, with_gpt_oss
 from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
+from metrale_config.gguf.kimi_linear import KIMI_LINEAR_ARCHITECTURE, with_kimi_linear
 from metrale_config.gguf.moe import model_type_of, with_moe
 from metrale_config.gguf.qwen3next import QWEN3NEXT_ARCHITECTURE, with_qwen3next
 from metrale_config.layer_types import LayerType
@@ -31,6 +33,7 @@ SUPPORTED_GGUF_ARCHITECTURES = (
     DEEPSEEK2_ARCHITECTURE,
     GPT_OSS_ARCHITECTURE,
     QWEN3NEXT_ARCHITECTURE,
+    KIMI_LINEAR_ARCHITECTURE,
 )
 # GGUF architecture -> model_type where the names differ (MoE variants: ``gguf.moe``).
 MODEL_TYPE_OF_ARCHITECTURE = {
@@ -38,7 +41,11 @@ MODEL_TYPE_OF_ARCHITECTURE = {
     GLM4_MOE_ARCHITECTURE: "glm4_moe",
     GPT_OSS_ARCHITECTURE: "gpt_oss",
     QWEN3NEXT_ARCHITECTURE: "qwen3_next",
+    KIMI_LINEAR_ARCHITECTURE: "kimi_linear",
 }
+# Architectures whose ``attention.head_count_kv`` may list one count per layer (their family
+# reader places the layers by it).
+PER_LAYER_KV_HEADS_ARCHITECTURES = (KIMI_LINEAR_ARCHITECTURE,)
 # NOTE: llama.cpp bakes llama3-style rope scaling into this tensor instead of metadata; the
 # config records it as a rope_type no family implements, so a family refuses it rather than
 # running with the wrong frequencies.
@@ -74,7 +81,7 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         intermediate_size=reader.integer(f"{arch}.feed_forward_length"),
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=reader.integer(f"{arch}.attention.head_count_kv", num_heads),
+        num_key_value_heads=_num_key_value_heads(reader, arch, num_heads),
         head_dim=reader.integer(f"{arch}.attention.key_length", hidden_size // num_heads),
         rms_norm_eps=reader.number(f"{arch}.attention.layer_norm_rms_epsilon"),
         rope_theta=reader.number(f"{arch}.rope.freq_base", 10000.0),
@@ -102,6 +109,8 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         config = with_gpt_oss(config, reader, header)
     if arch == QWEN3NEXT_ARCHITECTURE:
         config = with_qwen3next(config, reader, header)
+    if arch == KIMI_LINEAR_ARCHITECTURE:
+        config = with_kimi_linear(config, reader, header)
     validate_model_config(config)
     return config
 
@@ -113,6 +122,16 @@ def _projection_types(header: GgufHeader) -> tuple[str, ...]:
     return tuple(
         sorted({info.ggml_type for info in header.tensors if _PROJECTION.fullmatch(info.name)})
     )
+
+
+def _num_key_value_heads(reader: FieldReader, arch: str, num_heads: int) -> int:
+    """One integer; for ``PER_LAYER_KV_HEADS_ARCHITECTURES`` a per-layer list may stand for its
+    largest count (0 on layers without attention: all 0 reads as ``num_heads``)."""
+    key = f"{arch}.attention.head_count_kv"
+    if arch in PER_LAYER_KV_HEADS_ARCHITECTURES and isinstance(reader.data.get(key), list):
+        counts = reader.optional_integer_list(key) or ()
+        return max(counts, default=0) or num_heads
+    return reader.integer(key, num_heads)
 
 
 def _vocab_size(reader: FieldReader, header: GgufHeader, arch: str) -> int:

@@ -80,8 +80,9 @@ class GgufNames:
     relative to the checkpoint (gpt-oss's experts, which transformers multiplies from the left).
     ``unshifted_norms``: the ``<part>`` norms that ``norm_weight_shift`` spares (Qwen3-Next's
     gated ``ssm_norm``). ``negated_exp_block_names``: the tensors stored as ``-exp(x)`` of the
-    checkpoint's ``x`` (Qwen3-Next's ``ssm_a`` from ``A_log``). ``squeezed_block_names``:
-    depthwise conv1d weights stored without their unit axis 1 (``(channels, kernel)``).
+    checkpoint's ``x`` (Qwen3-Next's and Kimi Linear's ``ssm_a`` from ``A_log``).
+    ``squeezed_block_names``: depthwise conv1d weights stored with their unit axes dropped or
+    moved (Qwen3-Next's ``(channels, kernel)``, Kimi Linear's ``(1, channels, 1, kernel)``).
     Block tensors named without ``.weight`` / ``.bias`` are looked up by ``<part>`` alone in
     ``whole_block_names`` and these sets.
     """
@@ -135,7 +136,7 @@ class GgufNames:
         return _block_key(gguf_name) in self.negated_exp_block_names
 
     def is_squeezed(self, gguf_name: str) -> bool:
-        """Whether ``gguf_name`` holds a conv1d weight without its unit axis 1."""
+        """Whether ``gguf_name`` holds a conv1d weight with its unit axes dropped or moved."""
         return _block_key(gguf_name) in self.squeezed_block_names
 
     def stored_shift(self, gguf_name: str) -> float:
@@ -293,4 +294,31 @@ QWEN3NEXT_GGUF_NAMES = GgufNames(
     negated_exp_block_names=frozenset({"ssm_a"}),
     squeezed_block_names=frozenset({"ssm_conv1d.weight"}),
     norm_weight_shift=1.0,
+)
+# Kimi Linear: KDA's projections, forget and output gates, its q/k/v conv1d kernels (stored
+# ``(1, channels, 1, kernel)``) and ``-exp(A_log)``; DeepSeek's MLA names with ``kv_b_proj``
+# split (or whole); the shared experts and the routing correction bias. Nothing is shifted.
+KIMI_LINEAR_GGUF_NAMES = GgufNames(
+    block_names={
+        **DEEPSEEK2_GGUF_NAMES.block_names,
+        "ssm_conv1d_q": "self_attn.q_conv1d",
+        "ssm_conv1d_k": "self_attn.k_conv1d",
+        "ssm_conv1d_v": "self_attn.v_conv1d",
+        "ssm_f_a": "self_attn.f_a_proj",
+        "ssm_f_b": "self_attn.f_b_proj",
+        "ssm_beta": "self_attn.b_proj",
+        "ssm_g_a": "self_attn.g_a_proj",
+        "ssm_g_b": "self_attn.g_b_proj",
+        "ssm_norm": "self_attn.o_norm",
+    },
+    whole_block_names={
+        **DEEPSEEK2_GGUF_NAMES.whole_block_names,
+        "ssm_a": "self_attn.A_log",
+        "ssm_dt.bias": "self_attn.dt_bias",
+    },
+    split_block_names=DEEPSEEK2_GGUF_NAMES.split_block_names,
+    negated_exp_block_names=frozenset({"ssm_a"}),
+    squeezed_block_names=frozenset(
+        {"ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight"}
+    ),
 )

@@ -56,7 +56,7 @@ class _PlannedTensor:
     is_transposed: bool = False
     # Stored as -exp(x) of the checkpoint's x (Qwen3-Next's A_log).
     is_negated_exp: bool = False
-    # A depthwise conv1d weight stored without its unit axis 1.
+    # A depthwise conv1d weight stored with its unit axes dropped or moved.
     is_squeezed: bool = False
 
 
@@ -83,7 +83,7 @@ def iter_gguf_weights(
     Each tensor is dequantized when it is reached (types ``SUPPORTED_GGML_TYPES``), laid out
     row-major as PyTorch expects, with llama.cpp's rotary permutation of the Q/K rows, its
     shift of the ``(1 + w)`` norm weights, its transposition of gpt-oss's experts, its
-    ``-exp(A_log)`` and squeezed conv1d kernels (Qwen3-Next) and its splits (MLA's
+    ``-exp(A_log)`` and reshaped conv1d kernels (Qwen3-Next, Kimi Linear) and its splits (MLA's
     ``kv_b_proj``, gpt-oss's ``gate_up_proj``, Qwen3-Next's ``in_proj_qkvz``) undone.
     There is no ``lm_head.weight`` when the file ties it to the embedding. Unknown tensor names,
     unsupported types and tensors past the end of the file raise :class:`CheckpointError`
@@ -279,7 +279,8 @@ def _values(blocks: np.ndarray, tensor: _PlannedTensor) -> np.ndarray:
     writable memory."""
     values = dequantize(np.asarray(blocks), tensor.ggml_type)
     if tensor.is_squeezed:
-        values = values[:, None, :]
+        # (channels, 1, kernel) from (channels, kernel) or (1, channels, 1, kernel)
+        values = values.reshape(-1, 1, values.shape[-1])
     if tensor.is_negated_exp:
         if not bool((values < 0).all()):
             raise CheckpointError(
