@@ -4,6 +4,7 @@ layouts load as: ``test_fp8_checkpoints.py``.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,22 @@ def test_a_stream_is_written_in_the_layout(tmp_path: Path) -> None:
         "modules_to_not_convert": ["lm_head"],
         "weight_block_size": [128, 128],
     }
+
+
+# sha256 of round to nearest's q and scale for a pinned weight, as written before GPTQ's
+# rounding existed (the same bytes: a writer given no Hessian is round to nearest, unchanged).
+ROUND_TO_NEAREST_SHA256 = {
+    "block": "742fd76c82a5cf6d81b4df8daf7af6affdaaa4810f93f0d77db645ef8cdcecbc",
+    "channel": "5b3a9447490a6fdbbc31cb3f81003ab8d65303ea9119159ba5da14d6ef6942ae",
+}
+
+
+@pytest.mark.parametrize("layout", [BLOCK_128, LAYOUTS[2]], ids=lambda layout: layout.granularity)
+def test_round_to_nearest_writes_the_bytes_it_wrote_before_gptq(layout: Fp8Layout) -> None:
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    q, scale = quantize_fp8(weight, layout)
+    digest = hashlib.sha256()
+    for name, tensor in sorted({"q": q, "s": scale}.items()):
+        digest.update(name.encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    assert digest.hexdigest() == ROUND_TO_NEAREST_SHA256[layout.granularity]

@@ -3,18 +3,20 @@ back as the independent test quantizer's round-to-nearest levels, exactly, and s
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
 import pytest
 import torch
 from metrale_testing.int4_checkpoints import round_to_nearest
+from safetensors.torch import load_file
 
 from metrale_config import Int4Method, ModelConfig, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.llama import LlamaForCausalLM
 from metrale_model_arch.families.q4_layers import Q4Linear
-from metrale_model_arch.int4_quantize import PROJECTION, write_int4_checkpoint
+from metrale_model_arch.int4_quantize import PROJECTION, quantize_int4, write_int4_checkpoint
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.weight_format import Quantization
 
@@ -107,3 +109,50 @@ def test_awq_is_never_symmetric(tmp_path: Path) -> None:
         write_int4_checkpoint(
             tmp_path, CONFIG, [], method=Int4Method.AWQ, group_size=32, is_symmetric=True
         )
+
+
+# sha256 of round to nearest's tensors for pinned_weight(), as written before GPTQ's rounding
+# existed (the same bytes: a writer given no Hessian is round to nearest, unchanged).
+ROUND_TO_NEAREST_SHA256 = {
+    (Int4Method.AWQ, False): "7878eb84a7033677eeef850790ae72bd9ac9d5224d78c3e9b2f35c9a1b48c096",
+    (Int4Method.GPTQ, True): "d54fdbcca7c3ac2721b87f8bada2383beaae21c55eefcaf520b9922f9a513f83",
+    (Int4Method.GPTQ, False): "9f990a22c8b37b668aa648a940e71f31cfb3f4fe704642d2398ea4830b77d8ca",
+}
+
+
+def tensors_sha256(parts: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(parts):
+        digest.update(name.encode())
+        digest.update(parts[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize(("method", "is_symmetric"), list(ROUND_TO_NEAREST_SHA256))
+def test_round_to_nearest_writes_the_bytes_it_wrote_before_gptq(
+    method: Int4Method, is_symmetric: bool
+) -> None:
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    parts = quantize_int4(weight, 32, method=method, is_symmetric=is_symmetric)
+    assert tensors_sha256(parts) == ROUND_TO_NEAREST_SHA256[method, is_symmetric]
+
+
+def test_a_projection_with_a_hessian_is_gptq_rounded_the_rest_as_without(tmp_path: Path) -> None:
+    weights = checkpoint_weights()
+    gptq_name = "model.layers.0.self_attn.q_proj.weight"
+    inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(3)) @ torch.randn(
+        8, 64, generator=torch.Generator().manual_seed(4)
+    )
+    hessians = {gptq_name: 2 * inputs.double().t() @ inputs.double() / 512}
+    for out, given in (("nearest", None), ("gptq", hessians)):
+        write_int4_checkpoint(
+            tmp_path / out, CONFIG, weights.items(), method=Int4Method.GPTQ, group_size=32,
+            is_symmetric=True, hessians=given,
+        )  # fmt: skip
+    nearest = load_file(str(tmp_path / "nearest" / "model.safetensors"))
+    gptq = load_file(str(tmp_path / "gptq" / "model.safetensors"))
+    assert nearest.keys() == gptq.keys()
+    prefix = gptq_name.removesuffix("weight")
+    assert not torch.equal(gptq[f"{prefix}qweight"], nearest[f"{prefix}qweight"])
+    others = [name for name in nearest if not name.startswith(prefix)]
+    assert all(torch.equal(gptq[name], nearest[name]) for name in others)

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from metrale_config import ModelConfig
+from metrale_model_arch.calibration import Calibration
 from metrale_model_arch.model_source import ModelSource
 from metrale_model_arch.quantize import (
     QuantizeError,
@@ -80,6 +81,33 @@ def test_int4_is_the_llama_familys(config: ModelConfig) -> None:
     with pytest.raises(QuantizeError, match="not gemma2; fp8 is written for any") as caught:
         resolve_spec(config, QuantizeSpec(method=GPTQ))
     assert caught.value.field == "method"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "num_tokens", "is_file", "field", "message"),
+    [
+        ("gemma2", 64, True, "calibration", "is read for the llama family"),
+        ("llama", 1, True, "calibration_tokens", "1 is fewer than 2"),
+        ("llama", 64, False, "calibration", "is not a file"),
+    ],
+)
+def test_a_calibration_that_cannot_be_read_is_named(
+    config: ModelConfig,
+    tmp_path: Path,
+    model_type: str,
+    num_tokens: int,
+    is_file: bool,
+    field: str,
+    message: str,
+) -> None:
+    text = tmp_path / "text.txt"
+    if is_file:
+        text.write_text("Some words to read.")
+    calibration = Calibration(text_path=text, num_tokens=num_tokens)
+    spec = QuantizeSpec(method=FP8, calibration=calibration)
+    with pytest.raises(QuantizeError, match=message) as caught:
+        resolve_spec(attrs.evolve(config, model_type=model_type), spec)
+    assert caught.value.field == field
 
 
 def test_a_quantized_checkpoint_is_refused(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Quantize a float checkpoint to an FP8 e4m3 one, in the public layouts: round to nearest.
+"""Quantize a float checkpoint to an FP8 e4m3 one, in the public layouts: round to nearest, or
+GPTQ's rounding where calibration gave a Hessian (:func:`gptq_fp8`).
 
 Each weight of a linear layer inside the decoder layers (attention, MLP, routed and shared
 experts; not the norms, not the MoE router ``mlp.gate``) becomes float8_e4m3fn ``q`` with a
@@ -26,6 +27,7 @@ from typing import Any
 import attrs
 import torch
 
+from metrale_model_arch.gptq import gptq_round
 from metrale_model_arch.quantized_checkpoint import (
     DEFAULT_MAX_SHARD_BYTES,
     ShardedCheckpointWriter,
@@ -117,8 +119,15 @@ def scale_index(
 def quantize_fp8(weight: torch.Tensor, layout: Fp8Layout) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight (out, in)`` -> ``q`` float8_e4m3fn and its scale, shaped as the layout stores
     it."""
-    rows, cols = weight.shape
     weight = weight.detach().to(torch.float32)
+    scale, expanded = fp8_scale(weight, layout)
+    return to_e4m3(weight / expanded), scale
+
+
+def fp8_scale(weight: torch.Tensor, layout: Fp8Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``weight (out, in)`` -> its scale as the layout stores it, and each element's
+    scale ``(out, in)`` float32."""
+    rows, cols = weight.shape
     index = scale_index(rows, cols, layout)
     if index is None:
         scale = weight.abs().amax().reshape(1, 1)
@@ -132,10 +141,38 @@ def quantize_fp8(weight: torch.Tensor, layout: Fp8Layout) -> tuple[torch.Tensor,
         scale = amax.reshape(grid_rows, grid_cols)
     scale = (scale / E4M3_MAX).clamp(min=_MIN_SCALE).to(getattr(torch, layout.scale_dtype))
     expanded = _expand(scale.float(), rows, cols, layout)
-    q = (weight / expanded).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     if layout.granularity == "tensor":
         scale = scale.reshape(()) if layout.method == "fp8" else scale.reshape(1)
-    return q, scale
+    return scale, expanded
+
+
+def to_e4m3(scaled: torch.Tensor) -> torch.Tensor:
+    """float32 values already divided by their scale -> float8_e4m3fn, saturated."""
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def gptq_fp8(
+    weight: torch.Tensor, hessian: torch.Tensor, layout: Fp8Layout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`~metrale_model_arch.fp8_quantize.quantize_fp8`, GPTQ-rounded with ``hessian``."""
+    scale, expanded = fp8_scale(weight.detach().to(torch.float32), layout)
+    rounder = Fp8Rounder(expanded)
+    gptq_round(weight, hessian, rounder)
+    return rounder.q, scale
+
+
+class Fp8Rounder:
+    """One weight's e4m3 values under fixed scales, filled column by column."""
+
+    def __init__(self, expanded_scale: torch.Tensor) -> None:
+        self.expanded_scale = expanded_scale
+        self.q = torch.zeros(expanded_scale.shape, dtype=torch.float8_e4m3fn)
+
+    def round_column(self, index: int, pending: torch.Tensor) -> torch.Tensor:
+        scale = self.expanded_scale[:, index]
+        q = to_e4m3(pending[:, 0] / scale)
+        self.q[:, index] = q
+        return q.float() * scale
 
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, layout: Fp8Layout) -> torch.Tensor:
@@ -174,12 +211,15 @@ def write_fp8_checkpoint(
     *,
     float_dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    hessians: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Save ``weights`` (checkpoint names) with the ``config.json`` fields ``hf`` to
     ``out_dir`` in ``layout``, the other tensors in ``float_dtype`` (default: their own; the
     config's ``torch_dtype`` says which), in files of at most ``max_shard_bytes`` (a weight
     and its scale may then be in different files). Each weight is quantized as it comes and
-    written a shard at a time: one float weight and one shard are held."""
+    written a shard at a time: one float weight and one shard are held. A weight with a
+    Hessian in ``hessians`` (:mod:`~metrale_model_arch.calibration`) is GPTQ-rounded (the same
+    scales), the others rounded to nearest."""
     writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
     float_dtypes: set[torch.dtype] = set()
     for name, tensor in weights:
@@ -189,7 +229,11 @@ def write_fp8_checkpoint(
             float_dtypes.add(kept.dtype)
             continue
         prefix = name.removesuffix(".weight")
-        q, scale = quantize_fp8(tensor, layout)
+        hessian = None if hessians is None else hessians.get(name)
+        if hessian is None:
+            q, scale = quantize_fp8(tensor, layout)
+        else:
+            q, scale = gptq_fp8(tensor, hessian, layout)
         writer.add(name, q)
         writer.add(f"{prefix}.{layout.scale_name}", scale)
         if layout.static_activations:

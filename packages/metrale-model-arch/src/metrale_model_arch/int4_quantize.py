@@ -1,10 +1,11 @@
-"""Quantize a float llama-family checkpoint to an AWQ- or GPTQ-layout int4 one: round to nearest.
+"""Quantize a float llama-family checkpoint to an AWQ- or GPTQ-layout int4 one: round to nearest,
+or GPTQ's rounding where calibration gave a Hessian (:func:`gptq_int4`).
 
 The projections (``q/k/v/o_proj``, ``gate/up/down_proj`` of every layer) are quantized per group
 of ``group_size`` input features and packed as :mod:`~metrale_model_arch.loading.int4_checkpoints`
 reads them; every other tensor is stored as float16. Per group, asymmetric: ``s = (max - min)
 / 15`` (both clamped to include 0), ``z = round(-min / s)``; symmetric (GPTQ only): ``s = 2
-max|w| / 15``, ``z = 8``; then ``q = clamp(round(w / s) + z, 0, 15)``. No calibration (no
+max|w| / 15``, ``z = 8``; then ``q = clamp(round(w / s) + z, 0, 15)``. Without calibration (no
 activation-aware scaling, no Hessian): what AWQ and GPTQ start from, in their on-disk layouts,
 so their loading and serving can be measured on any float model (``benches/format_quality.py``).
 """
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from metrale_config import Int4Method, ModelConfig
+from metrale_model_arch.gptq import BLOCK_COLUMNS, gptq_round
 from metrale_model_arch.quantized_checkpoint import (
     DEFAULT_MAX_SHARD_BYTES,
     ShardedCheckpointWriter,
@@ -37,9 +39,23 @@ def quantize_int4(
 ) -> dict[str, torch.Tensor]:
     """``weight (out, in)`` -> its ``qweight``, ``qzeros``, ``scales`` (and GPTQ's ``g_idx``)."""
     rows, cols = weight.shape
+    check_int4_shape(rows, cols, group_size)
+    groups = weight.detach().to(torch.float32).reshape(rows, cols // group_size, group_size)
+    scales, zeros = group_grid(groups, method=method, is_symmetric=is_symmetric)
+    levels = torch.round(groups / scales.float().unsqueeze(-1)) + zeros.unsqueeze(-1)
+    values = levels.clamp(0, 15).to(torch.int64).reshape(rows, cols)
+    return pack_int4(values, scales, zeros, group_size, method=method)
+
+
+def check_int4_shape(rows: int, cols: int, group_size: int) -> None:
     if cols % group_size or rows % 8 or group_size % 8:
         raise ValueError(f"a ({rows}, {cols}) matrix is not whole groups of {group_size} and 8s")
-    groups = weight.detach().to(torch.float32).reshape(rows, cols // group_size, group_size)
+
+
+def group_grid(
+    groups: torch.Tensor, *, method: Int4Method, is_symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``groups (..., group_size)`` -> each group's float16 scale and int64 zero."""
     low, high = groups.amin(dim=-1).clamp(max=0), groups.amax(dim=-1).clamp(min=0)
     if is_symmetric:
         scales = (torch.maximum(-low, high) * 2 / 15).clamp(min=_MIN_SCALE).to(torch.float16)
@@ -49,8 +65,20 @@ def quantize_int4(
         zeros = torch.round(-low / scales.float()).clamp(0, 15).to(torch.int64)
         if method == Int4Method.GPTQ:
             zeros = zeros.clamp(min=1)  # v1 stores z - 1 in a nibble
-    levels = torch.round(groups / scales.float().unsqueeze(-1)) + zeros.unsqueeze(-1)
-    values = levels.clamp(0, 15).to(torch.int64).reshape(rows, cols)
+    return scales, zeros
+
+
+def pack_int4(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    *,
+    method: Int4Method,
+) -> dict[str, torch.Tensor]:
+    """int64 levels ``(out, in)``, float16 scales and int64 zeros ``(out, groups)`` -> the
+    method's packed tensors."""
+    cols = values.shape[1]
     if method == Int4Method.AWQ:
         return {
             "qweight": _pack_last(values.t(), AWQ_ORDER),
@@ -63,6 +91,51 @@ def quantize_int4(
         "scales": scales.t().contiguous(),
         "g_idx": (torch.arange(cols) // group_size).to(torch.int32),
     }
+
+
+def gptq_int4(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    group_size: int,
+    *,
+    method: Int4Method,
+    is_symmetric: bool,
+) -> dict[str, torch.Tensor]:
+    """As :func:`~metrale_model_arch.int4_quantize.quantize_int4`, GPTQ-rounded with
+    ``hessian``."""
+    rows, cols = weight.shape
+    check_int4_shape(rows, cols, group_size)
+    rounder = Int4GroupRounder(rows, cols, group_size, method=method, is_symmetric=is_symmetric)
+    # NOTE: a block holds whole groups, so a group's first column sees the whole group updated.
+    block_columns = group_size * max(1, BLOCK_COLUMNS // group_size)
+    gptq_round(weight, hessian, rounder, block_columns=block_columns)
+    return pack_int4(rounder.values, rounder.scales, rounder.zeros, group_size, method=method)
+
+
+class Int4GroupRounder:
+    """One weight's int4 levels, scales and zeros, filled column by column."""
+
+    def __init__(
+        self, rows: int, cols: int, group_size: int, *, method: Int4Method, is_symmetric: bool
+    ) -> None:
+        self.group_size = group_size
+        self.method = method
+        self.is_symmetric = is_symmetric
+        self.values = torch.zeros(rows, cols, dtype=torch.int64)
+        self.scales = torch.zeros(rows, cols // group_size, dtype=torch.float16)
+        self.zeros = torch.zeros(rows, cols // group_size, dtype=torch.int64)
+
+    def round_column(self, index: int, pending: torch.Tensor) -> torch.Tensor:
+        group = index // self.group_size
+        if index % self.group_size == 0:
+            scales, zeros = group_grid(
+                pending[:, : self.group_size], method=self.method, is_symmetric=self.is_symmetric
+            )
+            self.scales[:, group], self.zeros[:, group] = scales, zeros
+        scale, zero = self.scales[:, group].float(), self.zeros[:, group]
+        levels = (torch.round(pending[:, 0] / scale) + zero).clamp(0, 15).to(torch.int64)
+        self.values[:, index] = levels
+        return (levels - zero).float() * scale
 
 
 def _pack_last(values: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
@@ -83,12 +156,14 @@ def write_int4_checkpoint(
     is_symmetric: bool = False,
     hf: Mapping[str, Any] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    hessians: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``config``'s model (``weights`` under checkpoint names, a tied head omitted) to
     ``out_dir`` as ``config.json`` and ``model.safetensors``, its projections ``method`` int4,
     the rest float16. ``hf``: the ``config.json`` fields (default: :func:`hf_config`).
     Each weight is quantized as it comes and written a shard of ``max_shard_bytes`` at a time:
-    one float weight and one shard are held."""
+    one float weight and one shard are held. A projection with a Hessian in ``hessians``
+    (:mod:`~metrale_model_arch.calibration`) is GPTQ-rounded, the others rounded to nearest."""
     if method == Int4Method.AWQ and is_symmetric:
         raise ValueError("AWQ has zero points: is_symmetric is GPTQ's")
     writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
@@ -97,7 +172,13 @@ def write_int4_checkpoint(
             continue
         if PROJECTION.fullmatch(name):
             prefix = name.removesuffix(".weight")
-            parts = quantize_int4(tensor, group_size, method=method, is_symmetric=is_symmetric)
+            hessian = None if hessians is None else hessians.get(name)
+            if hessian is None:
+                parts = quantize_int4(tensor, group_size, method=method, is_symmetric=is_symmetric)
+            else:
+                parts = gptq_int4(
+                    tensor, hessian, group_size, method=method, is_symmetric=is_symmetric
+                )
             for part, packed in parts.items():
                 writer.add(f"{prefix}.{part}", packed)
         else:

@@ -1,5 +1,6 @@
 """``met quantize``: write a float checkpoint as an AWQ, GPTQ or FP8 one that ``met serve``
-serves (round to nearest, no calibration; :mod:`metrale_model_arch.quantize`)."""
+serves (round to nearest, or GPTQ's rounding calibrated on a text;
+:mod:`metrale_model_arch.quantize`)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ FLAGS = {
     "model": "'MODEL'",
     "out": "'--out'",
     "max_shard_bytes": "'--max-shard-size'",
+    "calibration": "'--calibration'",
+    "calibration_tokens": "'--calibration-tokens'",
 }
+DEFAULT_CALIBRATION_TOKENS = 2048
 FLOAT16_BYTES = 2
 # --max-shard-size units, as Hugging Face's max_shard_size reads them ("5GB", "500MiB").
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -89,6 +93,23 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
     help="The most bytes a safetensors file holds; each is written as soon as it is full, so "
     "about this much of the output is held in memory at a time.",
 )
+@click.option(
+    "--calibration",
+    "calibration_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="fp8: a text file the float model reads, so that each projection is GPTQ-rounded "
+    "(its error compensated through its inputs' Hessian) instead of rounded to nearest; "
+    "llama family. Measured on SmolLM2-135M: perplexity +5.3% -> +2.9%. Not offered for "
+    "awq/gptq (calibrated int4 measured worse there: +55% -> +105%).",
+)
+@click.option(
+    "--calibration-tokens",
+    type=int,
+    default=None,
+    help="With --calibration: how many of its tokens to read (chunks of 512). "
+    f"Default: {DEFAULT_CALIBRATION_TOKENS}.",
+)
 @revision_option
 @offline_option
 def quantize(
@@ -98,6 +119,8 @@ def quantize(
     is_symmetric: bool | None,
     out: Path | None,
     max_shard_bytes: int,
+    calibration_path: Path | None,
+    calibration_tokens: int | None,
     revision: str | None,
     offline: bool,
 ) -> None:
@@ -105,12 +128,14 @@ def quantize(
     weights are dequantized first; default: the bundled SmolLM2-135M-Instruct) to a safetensors
     directory in AWQ's, GPTQ's or FP8's public layout, with its config.json and tokenizer files.
 
-    Round to nearest, no calibration data. Each weight streams from the source and is quantized
-    as it comes, and the output is written a shard at a time; the directory appears when
-    complete. Serve it with `met serve OUT`.
+    Round to nearest; with --calibration (fp8), GPTQ's error-compensating rounding, with each
+    projection's Hessian from the float model reading the text (all layers at once). Each
+    weight streams from the source and is quantized as it comes, and the output is written a
+    shard at a time; the directory appears when complete. Serve it with `met serve OUT`.
     """
     import torch
 
+    from metrale_model_arch.calibration import Calibration
     from metrale_model_arch.quantize import (
         QuantizeError,
         QuantizeMethod,
@@ -118,6 +143,12 @@ def quantize(
         quantize_checkpoint,
     )
 
+    calibration = None
+    if calibration_path is not None:
+        num_tokens = calibration_tokens or DEFAULT_CALIBRATION_TOKENS
+        calibration = Calibration(text_path=calibration_path, num_tokens=num_tokens)
+    elif calibration_tokens is not None:
+        raise click.BadParameter("needs --calibration", param_hint=FLAGS["calibration_tokens"])
     _, source = locate_model(model, revision=revision, offline=offline)
     if out is None:
         out = Path(f"{Path(source.name).name.removesuffix('.gguf')}-{method}")
@@ -127,6 +158,7 @@ def quantize(
         is_symmetric=is_symmetric,
         float_dtype=torch.bfloat16 if method == "fp8" else None,
         max_shard_bytes=max_shard_bytes,
+        calibration=calibration,
     )
     start = time.perf_counter()
     try:
@@ -143,11 +175,17 @@ def quantize(
 
 def describe(report: QuantizeReport) -> str:
     spec = report.spec
+    calibration = spec.calibration
+    rounding = (
+        "round to nearest"
+        if calibration is None
+        else f"GPTQ on {calibration.num_tokens} tokens of {calibration.text_path}"
+    )
     if spec.group_size is None:
         block = spec.fp8_layout.block or (0, 0)
-        return f"{spec.method}, e4m3 with a scale per {block[0]}x{block[1]} block"
+        return f"{spec.method}, e4m3 with a scale per {block[0]}x{block[1]} block, {rounding}"
     kind = "symmetric" if spec.is_symmetric else "asymmetric"
-    return f"{spec.method}, groups of {spec.group_size}, {kind}"
+    return f"{spec.method}, groups of {spec.group_size}, {kind}, {rounding}"
 
 
 def report_lines(report: QuantizeReport) -> list[str]:
