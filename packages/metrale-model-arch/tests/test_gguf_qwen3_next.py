@@ -16,7 +16,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from metrale_testing.gguf_parity import as_the_file_holds, model_fields, prefill_logits
+from metrale_testing.gguf_parity import (
+    as_the_file_holds,
+    assert_linear_state_logits_equal,
+    assert_linear_state_weights_equal,
+    model_fields,
+)
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
 from metrale_testing.llama_cpp_qwen3next import qwen3next_metadata, split_qkvz
 from metrale_testing.qwen3_next_mtp import add_qwen3_next_mtp, save_tiny_qwen3_next
@@ -86,9 +91,6 @@ CASES = {
     },
 }
 OPTIONS = LoadOptions(dtype=torch.float32, device="cpu")
-# -exp(A_log) in float32, read back through log: one rounding of exp, one of the log (measured
-# 9e-8).
-A_LOG_ATOL = 2e-7
 
 
 @attrs.frozen(kw_only=True)
@@ -159,14 +161,8 @@ def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> None:
-    expected = expected_state(converted, qtype)
     loaded = load_gguf_model(converted.path(qtype), OPTIONS).state_dict()
-    assert loaded.keys() == expected.keys()
-    for name, tensor in loaded.items():
-        if name.endswith("A_log"):
-            torch.testing.assert_close(tensor, expected[name], atol=A_LOG_ATOL, rtol=0)
-        else:
-            assert torch.equal(tensor, expected[name]), name
+    assert_linear_state_weights_equal(loaded, expected_state(converted, qtype))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
@@ -175,18 +171,10 @@ def test_prefill_logits_match_the_safetensors_load(
 ) -> None:
     gguf_model = load_gguf_model(converted.path(qtype), OPTIONS)
     assert isinstance(gguf_model, Qwen3NextForCausalLM)
-    ours = prefill_logits(gguf_model, paged_runner)
     reference = converted.load_safetensors()
-    state = expected_state(converted, qtype)
-    # NOTE: A_log as the file holds it: its ~1e-7 round trip alone moves these logits (up to
-    # 6.9 in size) by up to 3.4e-5; with it, they agree exactly.
-    for name, tensor in gguf_model.state_dict().items():
-        if name.endswith("A_log"):
-            state[name] = tensor
-    reference.load_state_dict(state)
-    expected = prefill_logits(reference, paged_runner)
-    for seq_id, logits in expected.items():
-        torch.testing.assert_close(ours[seq_id], logits, atol=1e-5, rtol=0)
+    assert_linear_state_logits_equal(
+        gguf_model, reference, expected_state(converted, qtype), paged_runner
+    )
 
 
 def test_split_qkvz_and_its_join_invert_each_other() -> None:

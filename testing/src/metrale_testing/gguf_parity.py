@@ -3,6 +3,7 @@ checkpoint it was converted from (:mod:`metrale_testing.llama_cpp_gguf`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -45,3 +46,40 @@ def prefill_logits(model: Any, paged_runner: Any) -> dict[int, Any]:
     prompts = random_prompts(model.config.vocab_size, PROMPT_LENS)
     logits: dict[int, Any] = paged_runner(model, num_blocks=64, block_size=4).step(prompts)
     return logits
+
+
+# A_log comes back from the -exp(A_log) a linear-attention GGUF stores within this (float32: one
+# rounding of exp, one of the log; measured 9e-8 on Qwen3-Next).
+A_LOG_ATOL = 2e-7
+
+
+def assert_linear_state_weights_equal(
+    loaded: Mapping[str, Any], expected: Mapping[str, Any]
+) -> None:
+    """A GGUF load's weights equal ``expected`` (what the file holds): exactly, but A_log
+    within :data:`A_LOG_ATOL`."""
+    import torch
+
+    assert loaded.keys() == expected.keys()
+    for name, tensor in loaded.items():
+        if name.endswith("A_log"):
+            torch.testing.assert_close(tensor, expected[name], atol=A_LOG_ATOL, rtol=0)
+        else:
+            assert torch.equal(tensor, expected[name]), name
+
+
+def assert_linear_state_logits_equal(
+    gguf_model: Any, reference: Any, expected_state: dict[str, Any], paged_runner: Any
+) -> None:
+    """``gguf_model``'s prefill logits within 1e-5 of ``reference`` loaded with
+    ``expected_state`` and the file's own A_log: its ~1e-7 round trip alone moves logits of
+    size ~7 by up to 3.4e-5 (measured on Qwen3-Next); with it they agree exactly."""
+    import torch
+
+    for name, tensor in gguf_model.state_dict().items():
+        if name.endswith("A_log"):
+            expected_state[name] = tensor
+    reference.load_state_dict(expected_state)
+    ours = prefill_logits(gguf_model, paged_runner)
+    for seq_id, logits in prefill_logits(reference, paged_runner).items():
+        torch.testing.assert_close(ours[seq_id], logits, atol=1e-5, rtol=0)
