@@ -5,17 +5,22 @@ state back and keep the greedy tokens."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 from metrale_testing import randomize_weights
-from metrale_testing.engine_parity import assert_ledger_equals_plan, tokens
+from metrale_testing.engine_parity import (
+    assert_ledger_equals_plan,
+    assert_speculation_keeps_greedy_with_rollbacks,
+    greedy_from_ids,
+)
 from metrale_testing.greedy import repeated_phrase_prompts, transformers_greedy
 
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import KV_POOL, LINEAR_STATE_POOL, ROPE_TABLE
-from metrale_server import LLM, SamplingParams
+from metrale_server import LLM
 from metrale_server.speculative_config import SpeculativeConfig
 
 transformers = pytest.importorskip("transformers")
@@ -44,7 +49,6 @@ TINY = {
     "mlp_layer_types": ["dense", "sparse"],
     "pad_token_id": None,
 }
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +67,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Token
     return path
 
 
-def generate(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
-    return [list(t) for t in tokens(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY))]
-
-
 def kimi(path: Path, **args: object) -> LLM:
     return LLM(
         str(path), dtype="float32", device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=4,
@@ -80,7 +80,7 @@ def test_batched_greedy_equals_transformers(model_dir: Path) -> None:
     expected = [transformers_greedy(hf_model, prompt, NUM_TOKENS) for prompt in batch]
     # Prefill chunks of at most 16 tokens: the 4 prompts never fit one step.
     llm = kimi(model_dir, max_batch_tokens=16)
-    assert generate(llm, batch) == expected
+    assert greedy_from_ids(llm, batch, NUM_TOKENS) == expected
     assert llm.engine.stats.num_partial_prefill_chunks > 0
 
 
@@ -103,15 +103,11 @@ def test_ngram_speculation_rolls_the_state_back_and_keeps_greedy_tokens(model_di
     # A random model seldom repeats itself: with these prompts n-gram lookup drafts, and the
     # drafts are rejected (the state rolled back).
     batch = repeated_phrase_prompts(6, seed=6)
-    plain = generate(kimi(model_dir), batch)
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
-    llm = kimi(model_dir, speculative_config=spec)
-    assert generate(llm, batch) == plain
-    stats = llm.engine.stats
+    stats = assert_speculation_keeps_greedy_with_rollbacks(
+        functools.partial(kimi, model_dir), batch, NUM_TOKENS, spec
+    )
     assert stats.num_draft_tokens > 0, stats
-    rollback = llm.engine.core.rollback
-    assert rollback is not None
-    assert rollback.num_rollbacks > 0
 
 
 def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
@@ -120,14 +116,10 @@ def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
     # The tiny random Llama (the same vocabulary) drafts: its drafts are mostly rejected, so
     # the KDA state is rolled back again and again.
     batch = repeated_phrase_prompts(4, seed=5)
-    plain = generate(kimi(model_dir), batch)
     spec = SpeculativeConfig(
         method="draft_model", model=str(tiny_model_dir), num_speculative_tokens=3
     )
-    llm = kimi(model_dir, speculative_config=spec)
-    assert generate(llm, batch) == plain
-    stats = llm.engine.stats
+    stats = assert_speculation_keeps_greedy_with_rollbacks(
+        functools.partial(kimi, model_dir), batch, NUM_TOKENS, spec
+    )
     assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
-    rollback = llm.engine.core.rollback
-    assert rollback is not None
-    assert rollback.num_rollbacks > 0

@@ -5,17 +5,22 @@ draft-model and n-gram speculation roll the state back and keep the greedy token
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 from metrale_testing import randomize_weights
-from metrale_testing.engine_parity import assert_ledger_equals_plan, tokens
+from metrale_testing.engine_parity import (
+    assert_ledger_equals_plan,
+    assert_speculation_keeps_greedy_with_rollbacks,
+    greedy_from_ids,
+)
 from metrale_testing.greedy import repeated_phrase_prompts, transformers_greedy
 
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import KV_POOL, LINEAR_STATE_POOL, ROPE_TABLE
-from metrale_server import LLM, SamplingParams
+from metrale_server import LLM
 from metrale_server.speculative_config import SpeculativeConfig
 
 transformers = pytest.importorskip("transformers")
@@ -44,7 +49,6 @@ TINY = {
     "max_position_embeddings": 256,
     "pad_token_id": None,
 }
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +72,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Token
     return path
 
 
-def generate(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
-    return [list(t) for t in tokens(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY))]
-
-
 def qwen3_next(path: Path, **args: object) -> LLM:
     return LLM(
         str(path), dtype="float32", device="cpu", max_seq_len=MAX_SEQ_LEN, max_batch_size=4,
@@ -85,7 +85,7 @@ def test_batched_greedy_equals_transformers(model_dir: Path) -> None:
     expected = [transformers_greedy(hf_model, prompt, NUM_TOKENS) for prompt in batch]
     # Prefill chunks of at most 16 tokens: the 4 prompts never fit one step.
     llm = qwen3_next(model_dir, max_batch_tokens=16)
-    assert generate(llm, batch) == expected
+    assert greedy_from_ids(llm, batch, NUM_TOKENS) == expected
     assert llm.engine.stats.num_partial_prefill_chunks > 0
 
 
@@ -111,29 +111,21 @@ def test_draft_model_speculation_rolls_the_state_back_and_keeps_greedy_tokens(
     # The tiny random Llama (the same vocabulary) drafts: its drafts are mostly rejected, so
     # the Gated DeltaNet state is rolled back again and again.
     batch = repeated_phrase_prompts(4, seed=5)
-    plain = generate(qwen3_next(model_dir), batch)
     spec = SpeculativeConfig(
         method="draft_model", model=str(tiny_model_dir), num_speculative_tokens=3
     )
-    llm = qwen3_next(model_dir, speculative_config=spec)
-    assert generate(llm, batch) == plain
-    stats = llm.engine.stats
+    stats = assert_speculation_keeps_greedy_with_rollbacks(
+        functools.partial(qwen3_next, model_dir), batch, NUM_TOKENS, spec
+    )
     assert stats.num_draft_tokens > 0, stats
-    rollback = llm.engine.core.rollback
-    assert rollback is not None
-    assert rollback.num_rollbacks > 0
 
 
 def test_ngram_speculation_rolls_the_state_back_and_keeps_greedy_tokens(model_dir: Path) -> None:
     # A random model seldom repeats itself: with these prompts n-gram lookup drafts 5 tokens
     # at 2 steps, all rejected (the Gated DeltaNet state rolled back).
     batch = repeated_phrase_prompts(8, seed=13)
-    plain = generate(qwen3_next(model_dir), batch)
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
-    llm = qwen3_next(model_dir, speculative_config=spec)
-    assert generate(llm, batch) == plain
-    stats = llm.engine.stats
+    stats = assert_speculation_keeps_greedy_with_rollbacks(
+        functools.partial(qwen3_next, model_dir), batch, NUM_TOKENS, spec
+    )
     assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
-    rollback = llm.engine.core.rollback
-    assert rollback is not None
-    assert rollback.num_rollbacks > 0

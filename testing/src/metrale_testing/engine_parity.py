@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,7 +25,15 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from metrale_model_arch.memory import MTP
-from metrale_server import LLM, Engine, EngineArgs, RequestOutput, SamplingParams, build_engine
+from metrale_server import (
+    LLM,
+    Engine,
+    EngineArgs,
+    EngineStats,
+    RequestOutput,
+    SamplingParams,
+    build_engine,
+)
 from metrale_server.cli.main import main
 from metrale_server.speculative_config import SpeculativeConfig
 
@@ -177,3 +186,28 @@ def met_memory_plan(config: Path, device_memory_gib: int, *flags: str) -> dict[s
 def plan_weight_bytes(plan: dict[str, Any]) -> int:
     """The bytes of every ``weights.*`` owner in a ``met memory --json`` plan."""
     return sum(size for owner, size in plan["by_owner"].items() if owner.startswith("weights."))
+
+
+def greedy_from_ids(llm: LLM, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
+    """Each token-id prompt's ``num_tokens`` greedy tokens (``ignore_eos``), in one batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [list(t) for t in tokens(outputs)]
+
+
+def assert_speculation_keeps_greedy_with_rollbacks(
+    make_llm: Callable[..., LLM],
+    prompts: list[list[int]],
+    num_tokens: int,
+    speculative_config: SpeculativeConfig,
+) -> EngineStats:
+    """A model with per-sequence state (``make_llm(**engine_args)``) speculating as
+    ``speculative_config`` gives plain decoding's greedy tokens and rolled its state back at
+    least once; returns the speculating engine's stats for the caller's own checks."""
+    plain = greedy_from_ids(make_llm(), prompts, num_tokens)
+    llm = make_llm(speculative_config=speculative_config)
+    assert greedy_from_ids(llm, prompts, num_tokens) == plain
+    rollback = llm.engine.core.rollback
+    assert rollback is not None
+    assert rollback.num_rollbacks > 0
+    return llm.engine.stats
