@@ -16,6 +16,7 @@ from torch.nn import functional
 
 from metrale_config import LinearAttentionConfig
 from metrale_kernels import AttentionMetadata, KernelBackend, compute_dtype, widened
+from metrale_model_arch.families.delta_rule_step import delta_rule_over_slots
 
 # Inside the square root of the q/k L2 normalisation.
 L2_NORM_EPS = 1e-6
@@ -83,34 +84,13 @@ class KdaAttention(nn.Module):
     ) -> torch.Tensor:
         """Normed ``x (tokens, hidden)`` -> ``(tokens, hidden)``; ``state`` is the layer's
         ``(recurrent (slots, H, d, d), conv (slots, 3 * H * d, K - 1))``, updated in place."""
-        recurrent, conv = state
-        slots = metadata.state_slots
-        if slots is None:
-            raise ValueError("a KDA layer needs metadata.state_slots")
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         g = self.forget_gate(x)
         beta = widened(torch.sigmoid(self.b_proj(x)))
         weight = self.conv1d.to(compute_dtype(x.dtype)).squeeze(1)
-        if metadata.is_decode_only:
-            history = conv.index_select(0, slots)
-            window = torch.cat([history, mixed.to(history.dtype).unsqueeze(-1)], dim=-1)
-            conv.index_copy_(0, slots, window[:, :, 1:])
-            q, k, v = self._split(functional.silu((window * weight).sum(dim=-1)))
-            states = recurrent.index_select(0, slots)
-            out = self.backend.kda_decode_step(q, k, v, g, beta, states)
-            recurrent.index_copy_(0, slots, states)
-        else:
-            outs = []
-            starts = metadata.query_start_loc.tolist()
-            for i, slot in enumerate(slots.tolist()):
-                rows = slice(starts[i], starts[i + 1])
-                conv_out, conv[slot] = self.backend.short_conv(mixed[rows], weight, conv[slot])
-                q, k, v = self._split(conv_out)
-                o, recurrent[slot] = self.backend.kda_chunked(
-                    q, k, v, g[rows], beta[rows], recurrent[slot]
-                )
-                outs.append(o)
-            out = torch.cat(outs)
+        out = delta_rule_over_slots(
+            self.backend, mixed, weight, g, beta, state, metadata, self._split
+        )
         return self._output(x, out)
 
     def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

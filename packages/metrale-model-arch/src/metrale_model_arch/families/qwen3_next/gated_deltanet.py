@@ -17,6 +17,7 @@ from torch.nn import functional
 from metrale_config import LinearAttentionConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_kernels.row_invariant import pointwise_rows
+from metrale_model_arch.families.delta_rule_step import delta_rule_over_slots
 from metrale_model_arch.families.glm5_next.kda_attention import L2_NORM_EPS
 
 
@@ -67,36 +68,15 @@ class GatedDeltaNet(nn.Module):
     ) -> torch.Tensor:
         """Normed ``x (tokens, hidden)`` -> ``(tokens, hidden)``; ``state`` is the layer's
         ``(recurrent (slots, H, dk, dv), conv (slots, channels, K - 1))``, updated in place."""
-        recurrent, conv = state
-        slots = metadata.state_slots
-        if slots is None:
-            raise ValueError("a Gated DeltaNet layer needs metadata.state_slots")
         mixed, z, b, a = self._project(x)
         # (tokens, H, 1) log-decay, one per value head; (tokens, H) update strength.
         decay = pointwise_rows(functional.softplus, a.float() + self.dt_bias)
         g = (-self.A_log.float().exp() * decay).unsqueeze(-1)
         beta = pointwise_rows(torch.sigmoid, b).float()
         weight = self.conv1d.weight.float().squeeze(1)
-        if metadata.is_decode_only:
-            history = conv.index_select(0, slots)
-            window = torch.cat([history, mixed.float().unsqueeze(-1)], dim=-1)
-            conv.index_copy_(0, slots, window[:, :, 1:])
-            q, k, v = self._split(functional.silu((window * weight).sum(dim=-1)))
-            states = recurrent.index_select(0, slots)
-            out = self.backend.kda_decode_step(q, k, v, g, beta, states)
-            recurrent.index_copy_(0, slots, states)
-        else:
-            outs = []
-            starts = metadata.query_start_loc.tolist()
-            for i, slot in enumerate(slots.tolist()):
-                rows = slice(starts[i], starts[i + 1])
-                conv_out, conv[slot] = self.backend.short_conv(mixed[rows], weight, conv[slot])
-                q, k, v = self._split(conv_out)
-                o, recurrent[slot] = self.backend.kda_chunked(
-                    q, k, v, g[rows], beta[rows], recurrent[slot]
-                )
-                outs.append(o)
-            out = torch.cat(outs)
+        out = delta_rule_over_slots(
+            self.backend, mixed, weight, g, beta, state, metadata, self._split
+        )
         gated = self.norm(out.to(x.dtype), z)
         projected: torch.Tensor = self.out_proj(gated.flatten(1))
         return projected
