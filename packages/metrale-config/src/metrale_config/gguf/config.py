@@ -1,7 +1,7 @@
 """GGUF metadata → ``ModelConfig``: the llama-like architectures (llama, qwen2, qwen3, qwen3moe)
 here, the dense families that depart from llama in ``dense_families``, GLM-4.5 in ``glm4_moe``,
 DeepSeek-V2 / V3 in ``deepseek2``, gpt-oss in ``gpt_oss``, Qwen3-Next in ``qwen3next``, Kimi Linear
-in ``kimi_linear``."""
+in ``kimi_linear``, Qwen2.5-VL's text stack in ``qwen2vl`` (its tower: ``mmproj``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from metrale_config.gguf.gpt_oss import GPT_OSS_ARCHITECTURE, with_gpt_oss
 from metrale_config.gguf.header import ARCHITECTURE_KEY, GgufHeader, read_gguf_header
 from metrale_config.gguf.kimi_linear import KIMI_LINEAR_ARCHITECTURE, with_kimi_linear
 from metrale_config.gguf.moe import model_type_of, with_moe
+from metrale_config.gguf.qwen2vl import QWEN2VL_ARCHITECTURE, QWEN2VL_MODEL_TYPE, with_qwen2vl
 from metrale_config.gguf.qwen3next import QWEN3NEXT_ARCHITECTURE, with_qwen3next
 from metrale_config.layer_types import LayerType
 from metrale_config.model_config import ModelConfig
@@ -34,6 +35,7 @@ SUPPORTED_GGUF_ARCHITECTURES = (
     GPT_OSS_ARCHITECTURE,
     QWEN3NEXT_ARCHITECTURE,
     KIMI_LINEAR_ARCHITECTURE,
+    QWEN2VL_ARCHITECTURE,
 )
 # GGUF architecture -> model_type where the names differ (MoE variants: ``gguf.moe``).
 MODEL_TYPE_OF_ARCHITECTURE = {
@@ -42,6 +44,7 @@ MODEL_TYPE_OF_ARCHITECTURE = {
     GPT_OSS_ARCHITECTURE: "gpt_oss",
     QWEN3NEXT_ARCHITECTURE: "qwen3_next",
     KIMI_LINEAR_ARCHITECTURE: "kimi_linear",
+    QWEN2VL_ARCHITECTURE: QWEN2VL_MODEL_TYPE,
 }
 # Architectures whose ``attention.head_count_kv`` may list one count per layer (their family
 # reader places the layers by it).
@@ -111,6 +114,8 @@ def model_config_from_gguf_header(header: GgufHeader) -> ModelConfig:
         config = with_qwen3next(config, reader, header)
     if arch == KIMI_LINEAR_ARCHITECTURE:
         config = with_kimi_linear(config, reader, header)
+    if arch == QWEN2VL_ARCHITECTURE:
+        config = with_qwen2vl(config, reader, arch)
     validate_model_config(config)
     return config
 

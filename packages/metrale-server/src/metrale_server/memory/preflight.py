@@ -151,11 +151,12 @@ def encoder_inputs(args: EngineArgs, config: ModelConfig) -> EncoderInputs | Non
 
 
 def model_directory(model: str | None) -> Path | None:
-    """The checkpoint directory of ``model`` (a config.json's own), or ``None`` (a GGUF)."""
+    """The checkpoint directory of ``model`` (a config.json's own), a GGUF's mmproj file (its
+    preprocessing), or ``None`` (a GGUF without one)."""
     if model is not None and model.endswith(".json") and Path(model).is_file():
         return Path(model).parent
     source = resolve_model(model)
-    return source.path if source.kind == "dir" else None
+    return source.path if source.kind == "dir" else source.mmproj
 
 
 def check_mtp_config(config: ModelConfig) -> None:

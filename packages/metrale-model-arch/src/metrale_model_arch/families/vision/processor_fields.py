@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metrale_model_arch.families.vision.mmproj_preprocessor import mmproj_preprocessor_config
+
 if TYPE_CHECKING:
     from metrale_model_arch.load import LoadedModel
 
@@ -19,13 +21,16 @@ _STEPS = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
 
 
 def checkpoint_directory(loaded: LoadedModel) -> Path | None:
-    """Where a loaded model's processor files are: its directory, or ``None`` (a GGUF)."""
-    return loaded.source.path if loaded.source.kind == "dir" else None
+    """Where a loaded model's processor files are: its directory, a GGUF's mmproj file (whose
+    header holds them), or ``None`` (a GGUF without one)."""
+    return loaded.source.path if loaded.source.kind == "dir" else loaded.source.mmproj
 
 
 def read_preprocessor_config(directory: Path | None) -> dict[str, object]:
-    """``directory/preprocessor_config.json``; empty (the defaults) without a directory (a
-    GGUF) or the file."""
+    """``directory/preprocessor_config.json``; an mmproj GGUF's fields when ``directory`` is
+    that file; empty (the defaults) without a directory (a GGUF) or the file."""
+    if directory is not None and directory.is_file():
+        return mmproj_preprocessor_config(directory)
     path = None if directory is None else directory / PREPROCESSOR_CONFIG
     if path is None or not path.is_file():
         return {}
