@@ -13,9 +13,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from metrale_testing.image_files import encode, noise, odd_format_images, tiny_png
 from PIL import Image
 
 from metrale_config import SiglipVisionConfig
@@ -40,29 +40,9 @@ TOWER = SiglipVisionConfig(
 )
 
 
-def encode(image: Image.Image, fmt: str, **params: Any) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **params)
-    return buffer.getvalue()
-
-
-def noise(height: int, width: int, channels: int, seed: int) -> np.ndarray:
-    shape = (height, width, channels) if channels > 1 else (height, width)
-    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-
-
-def palette_with_transparency() -> bytes:
-    image = Image.fromarray(noise(33, 47, 1, 3) // 16, "L").convert("P")
-    return encode(image, "PNG", transparency=5)
-
-
 IMAGES: dict[str, bytes] = {
-    "png-rgba-37x53": encode(Image.fromarray(noise(37, 53, 4, 0), "RGBA"), "PNG"),
-    "png-palette-transparent": palette_with_transparency(),
-    "jpeg-301x157": encode(Image.fromarray(noise(301, 157, 3, 1), "RGB"), "JPEG", quality=90),
-    "png-gray-64x900": encode(Image.fromarray(noise(64, 900, 1, 2), "L"), "PNG"),
-    "png-gray-alpha-71x29": encode(Image.fromarray(noise(71, 29, 2, 4), "LA"), "PNG"),
-    "png-5x7-upscaled": encode(Image.fromarray(noise(5, 7, 3, 5), "RGB"), "PNG"),
+    **odd_format_images(),
+    "png-5x7-upscaled": tiny_png(),
     "png-28x28-unresized": encode(Image.fromarray(noise(SIZE, SIZE, 3, 6), "RGB"), "PNG"),
 }
 PROCESSORS: dict[str, dict[str, Any]] = {

@@ -12,23 +12,37 @@ the whole image). Every weight is random.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from metrale_testing.recording_allocator import RecordingAllocator
+from metrale_testing.vision_checkpoint import (
+    VisionCheckpoint,
+    load_vision_model,
+    save_vision_checkpoint,
+)
+from metrale_testing.vision_parity import (
+    ImagePrompt,
+    ImagePromptChecks,
+    ImagePromptFamily,
+    Prefill,
+    WithPromptInputs,
+    laid_out_prompts,
+    prefill_embeds,
+    random_text,
+    transformers_logits,
+)
 from safetensors.torch import load_file, save_file
 
-from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
+from metrale_config import ModelConfig, model_config_from_hf_dict
 from metrale_model_arch import LoadOptions, text_only_config
 from metrale_model_arch.counts.gemma3 import projector_params, siglip_tower_params
 from metrale_model_arch.families.gemma3 import Gemma3ForConditionalGeneration
-from metrale_model_arch.families.gemma3.vision import ImageInputs, prompt_embeds
+from metrale_model_arch.families.gemma3.vision import prompt_embeds
 from metrale_model_arch.families.gemma3.vision.preprocess import preprocess_images
 from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
@@ -56,14 +70,6 @@ VISION = {"hidden_size": 24, "intermediate_size": 40, "num_hidden_layers": 2,
 IMAGE_SIZES = ((20, 28), (50, 13), (9, 40))
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    images: list[Image.Image]
-
-
 def randomize(model: torch.nn.Module) -> None:
     """Every parameter random: the tower's LayerNorm scales around one, Gemma's ``1 + w``
     norms around zero; the text embeddings (times sqrt(hidden), tied to the head) small, so the
@@ -78,13 +84,8 @@ def randomize(model: torch.nn.Module) -> None:
                 param.copy_((0.02 if "embed_tokens" in name else 0.3) * noise)
 
 
-def random_image(height: int, width: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels, "RGB")
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> VisionCheckpoint:
     path = tmp_path_factory.mktemp("gemma3")
     hf_config = transformers.Gemma3Config(
         text_config=TEXT,
@@ -96,85 +97,39 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     )
     hf_model = transformers.Gemma3ForConditionalGeneration(hf_config).eval()
     randomize(hf_model)
-    hf_model.save_pretrained(path)
     size = {"height": VISION["image_size"], "width": VISION["image_size"]}
-    pil_processor.Gemma3ImageProcessorPil(size=size).save_pretrained(path)
-    images = [random_image(h, w, seed) for seed, (h, w) in enumerate(IMAGE_SIZES)]
-    return Checkpoint(
-        path=path, config=model_config_from_hf_file(path), hf_model=hf_model, images=images
-    )
+    processor = pil_processor.Gemma3ImageProcessorPil(size=size)
+    return save_vision_checkpoint(path, hf_model, processor, IMAGE_SIZES)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
-    options = {"dtype": dtype, "device": "cpu", "max_seq_len": MAX_SEQ_LEN, **options}
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, LoadOptions(**options))
-    assert isinstance(model, Gemma3ForConditionalGeneration)
-    return model
+def load(checkpoint: VisionCheckpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
+    options = {"max_seq_len": MAX_SEQ_LEN, **options}
+    return load_vision_model(checkpoint, Gemma3ForConditionalGeneration, dtype=dtype, **options)
 
 
-@attrs.frozen(kw_only=True)
-class ImagePrompt:
-    token_ids: list[int]
-    images: ImageInputs
-
-
-def image_prompts(checkpoint: Checkpoint) -> dict[int, ImagePrompt]:
+def image_prompts(checkpoint: VisionCheckpoint) -> dict[int, ImagePrompt]:
     """Sequence 0: text, an image, text; sequence 1: text, an image, text, an image, text."""
     assert checkpoint.config.siglip_vision is not None
     processor = ImageProcessorConfig.from_directory(
         checkpoint.path, checkpoint.config.siglip_vision
     )
-    generator = torch.Generator().manual_seed(1)
-
-    def text(length: int) -> list[int]:
-        return torch.randint(1, IMAGE, (length,), generator=generator).tolist()
-
+    text = random_text(seed=1, low=1, high=IMAGE)
     image = [BOI, *[IMAGE] * TOKENS_PER_IMAGE, EOI]
     layouts = {
         0: ([0], [*text(5), *image, *text(4)]),
         1: ([1, 2], [*text(3), *image, *text(2), *image, *text(5)]),
     }
-    return {
-        seq_id: ImagePrompt(
-            token_ids=tokens,
-            images=preprocess_images([checkpoint.images[i] for i in which], processor),
-        )
-        for seq_id, (which, tokens) in layouts.items()
-    }
-
-
-class WithPromptEmbeds(torch.nn.Module):
-    """The model for :class:`PagedRunner`: the next step takes ``pending`` embeddings."""
-
-    def __init__(self, model: Gemma3ForConditionalGeneration) -> None:
-        super().__init__()
-        self.inner = model
-        self.config = model.config
-        self.pending: torch.Tensor | None = None
-
-    def forward(self, *args: Any) -> torch.Tensor:
-        embeds, self.pending = self.pending, None
-        hidden: torch.Tensor = self.inner(*args, inputs_embeds=embeds)
-        return hidden
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.inner.compute_logits(hidden)
+    return laid_out_prompts(
+        checkpoint.images, layouts, lambda images: preprocess_images(images, processor)
+    )
 
 
 def prefill(
     model: Gemma3ForConditionalGeneration,
     paged_runner: Callable[..., Any],
     prompts: Mapping[int, ImagePrompt],
-) -> tuple[Any, dict[int, torch.Tensor]]:
-    """All prompts in one paged step, their embeddings from :func:`prompt_embeds`."""
-    wrapped = WithPromptEmbeds(model)
-    run = paged_runner(wrapped, num_blocks=64, block_size=4)
-    with torch.inference_mode():
-        wrapped.pending = torch.cat(
-            [prompt_embeds(model, torch.tensor(p.token_ids), p.images) for p in prompts.values()]
-        )
-    logits = run.step({seq_id: p.token_ids for seq_id, p in prompts.items()})
-    return run, logits
+) -> Prefill:
+    return prefill_embeds(model, paged_runner, prompts, prompt_embeds, block_size=4)
 
 
 def hf_inputs(prompt: ImagePrompt, *, bidirectional: bool = True) -> dict[str, torch.Tensor]:
@@ -185,13 +140,11 @@ def hf_inputs(prompt: ImagePrompt, *, bidirectional: bool = True) -> dict[str, t
     return inputs
 
 
-def hf_logits(checkpoint: Checkpoint, prompt: ImagePrompt, **options: bool) -> torch.Tensor:
-    with torch.inference_mode():
-        logits: torch.Tensor = checkpoint.hf_model(**hf_inputs(prompt, **options)).logits[0]
-    return logits
+def hf_logits(checkpoint: VisionCheckpoint, prompt: ImagePrompt, **options: bool) -> torch.Tensor:
+    return transformers_logits(checkpoint.hf_model, hf_inputs(prompt, **options))
 
 
-def test_the_config_has_one_sliding_and_one_global_layer(checkpoint: Checkpoint) -> None:
+def test_the_config_has_one_sliding_and_one_global_layer(checkpoint: VisionCheckpoint) -> None:
     config = checkpoint.config
     assert [str(kind) for kind in config.layer_types] == ["sliding_attention", "full_attention"]
     assert config.sliding_window == 6
@@ -201,7 +154,7 @@ def test_the_config_has_one_sliding_and_one_global_layer(checkpoint: Checkpoint)
     assert (vision.patches_per_side, vision.pool_size) == (4, 2)
 
 
-def test_the_pixel_values_are_transformers_processors(checkpoint: Checkpoint) -> None:
+def test_the_pixel_values_are_transformers_processors(checkpoint: VisionCheckpoint) -> None:
     processor = pil_processor.Gemma3ImageProcessorPil.from_pretrained(checkpoint.path)
     for prompt, which in zip(image_prompts(checkpoint).values(), ([0], [1, 2]), strict=True):
         reference = processor([checkpoint.images[i] for i in which], return_tensors="pt")
@@ -210,7 +163,7 @@ def test_the_pixel_values_are_transformers_processors(checkpoint: Checkpoint) ->
         )
 
 
-def test_the_tower_and_projector_match_transformers(checkpoint: Checkpoint) -> None:
+def test_the_tower_and_projector_match_transformers(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     assert model.visual is not None
     pixel_values = image_prompts(checkpoint)[1].images.pixel_values
@@ -221,17 +174,12 @@ def test_the_tower_and_projector_match_transformers(checkpoint: Checkpoint) -> N
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
-def test_image_prompts_match_transformers_logits(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    _, logits = prefill(load(checkpoint), paged_runner, prompts)
-    for seq_id, prompt in prompts.items():
-        torch.testing.assert_close(logits[seq_id], hf_logits(checkpoint, prompt), rtol=0, atol=1e-4)
+class TestImagePrompts(ImagePromptChecks):
+    family = ImagePromptFamily(load, image_prompts, prefill, hf_inputs, NUM_GREEDY_TOKENS)
 
 
 def test_image_tokens_attend_to_their_whole_image(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """transformers' logits with and without ``token_type_ids`` differ from the first image
     token on; ours without the image spans (causal only) are its causal ones."""
@@ -243,46 +191,24 @@ def test_image_tokens_attend_to_their_whole_image(
     assert float((causal[first:] - bidirectional[first:]).abs().max()) > 1e-2
     model = load(checkpoint)
     model.image_token_id = None
-    _, ours = prefill(model, paged_runner, {0: prompt})
+    ours = prefill(model, paged_runner, {0: prompt}).logits
     torch.testing.assert_close(ours[0], causal, rtol=0, atol=1e-4)
 
 
-def test_greedy_tokens_match_transformers_generate(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    run, logits = prefill(load(checkpoint), paged_runner, prompts)
-    tokens = {seq_id: [int(out[-1].argmax())] for seq_id, out in logits.items()}
-    for _ in range(NUM_GREEDY_TOKENS - 1):
-        logits = run.step({seq_id: out[-1:] for seq_id, out in tokens.items()})
-        for seq_id, out in tokens.items():
-            out.append(int(logits[seq_id][-1].argmax()))
-    for seq_id, prompt in prompts.items():
-        with torch.inference_mode():
-            generated = checkpoint.hf_model.generate(
-                **hf_inputs(prompt),
-                max_new_tokens=NUM_GREEDY_TOKENS,
-                min_new_tokens=NUM_GREEDY_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        assert tokens[seq_id] == generated[0, len(prompt.token_ids) :].tolist(), seq_id
-
-
 def test_a_decode_row_beside_an_image_prefill_matches_transformers(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """One step: sequence 0's next token (a decode row, on the masked path with the other's
     image prefill) and sequence 1's whole prompt."""
     model = load(checkpoint)
     prompts = image_prompts(checkpoint)
     first, second = prompts[0], prompts[1]
-    wrapped = WithPromptEmbeds(model)
+    wrapped = WithPromptInputs(model)
     run = paged_runner(wrapped, num_blocks=64, block_size=4)
     with torch.inference_mode():
-        wrapped.pending = prompt_embeds(model, torch.tensor(first.token_ids), first.images)
+        wrapped.embeds = prompt_embeds(model, torch.tensor(first.token_ids), first.images)
         token = int(run.step({0: first.token_ids})[0][-1].argmax())
-        wrapped.pending = torch.cat(
+        wrapped.embeds = torch.cat(
             [
                 model.embed(torch.tensor([token])),
                 prompt_embeds(model, torch.tensor(second.token_ids), second.images),
@@ -297,7 +223,7 @@ def test_a_decode_row_beside_an_image_prefill_matches_transformers(
 
 
 def test_chunks_between_images_match_one_shot(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """A chunk ending right after the first image's ``<end_of_image>``, the second image in the
     next chunk, gives the one-shot logits."""
@@ -307,18 +233,18 @@ def test_chunks_between_images_match_one_shot(
     cut = tokens.index(EOI) + 1
     with torch.inference_mode():
         embeds = prompt_embeds(model, torch.tensor(tokens), prompt.images)
-    wrapped = WithPromptEmbeds(model)
+    wrapped = WithPromptInputs(model)
     run = paged_runner(wrapped, num_blocks=64, block_size=4)
     chunks = []
     for start, stop in ((0, cut), (cut, len(tokens))):
-        wrapped.pending = embeds[start:stop]
+        wrapped.embeds = embeds[start:stop]
         chunks.append(run.step({0: tokens[start:stop]})[0])
-    _, one_shot = prefill(model, paged_runner, {0: prompt})
+    one_shot = prefill(model, paged_runner, {0: prompt}).logits
     torch.testing.assert_close(torch.cat(chunks), one_shot[0], rtol=0, atol=1e-5)
 
 
 def test_a_chunk_inside_an_image_is_refused(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     tokens = image_prompts(checkpoint)[0].token_ids
     inside = tokens.index(IMAGE) + 2
@@ -331,7 +257,7 @@ def test_a_chunk_inside_an_image_is_refused(
         run.step({0: tokens[inside - 2 :]})
 
 
-def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> None:
+def test_prompts_the_images_do_not_fit_are_refused(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     prompt = image_prompts(checkpoint)[0]
     ids = torch.tensor(prompt.token_ids)
@@ -340,18 +266,6 @@ def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> No
         prompt_embeds(model, one_image_token_less, prompt.images)
     with pytest.raises(ValueError, match="but no images"):
         prompt_embeds(model, ids, None)
-
-
-class RecordingAllocator:
-    def __init__(self) -> None:
-        self.bytes_by_owner: defaultdict[str, int] = defaultdict(int)
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.bytes_by_owner[owner] += tensor.numel() * tensor.element_size()
-        return tensor
 
 
 def planned(config: ModelConfig, dtype: torch.dtype) -> dict[str, int]:
@@ -364,7 +278,7 @@ def planned(config: ModelConfig, dtype: torch.dtype) -> dict[str, int]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_weight_plan_is_the_ledger_with_the_tower(
-    checkpoint: Checkpoint, dtype: torch.dtype
+    checkpoint: VisionCheckpoint, dtype: torch.dtype
 ) -> None:
     allocator = RecordingAllocator()
     load(checkpoint, dtype, allocator=allocator)
@@ -417,7 +331,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_checkpoint_layouts_load_the_same_weights(
-    checkpoint: Checkpoint, layout: dict[str, str], tmp_path: Path
+    checkpoint: VisionCheckpoint, layout: dict[str, str], tmp_path: Path
 ) -> None:
     tensors = load_file(checkpoint.path / "model.safetensors")
     assert all(renamed(layout, name) != name for name in tensors if "vision" in name)
@@ -433,7 +347,7 @@ def test_checkpoint_layouts_load_the_same_weights(
         assert torch.equal(state[name], tensor), name
 
 
-def test_text_only_loading_leaves_the_tower_out(checkpoint: Checkpoint) -> None:
+def test_text_only_loading_leaves_the_tower_out(checkpoint: VisionCheckpoint) -> None:
     """A text-only load of the same checkpoint: no tower planned, allocated or loaded, the text
     weights the same; a config without ``vision_config`` has no tower either."""
     config = text_only_config(checkpoint.config)

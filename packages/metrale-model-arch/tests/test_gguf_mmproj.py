@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,10 @@ import numpy as np
 import pytest
 import torch
 from metrale_testing.gguf_parity import as_the_file_holds, model_fields
+from metrale_testing.image_files import random_image
 from metrale_testing.llama_cpp_mmproj import convert_image_model, vocabulary, write_mmproj
-from PIL import Image
+from metrale_testing.recording_allocator import RecordingAllocator
+from metrale_testing.vision_parity import WithPromptInputs
 
 from metrale_config import (
     ConfigError,
@@ -233,21 +234,13 @@ def test_the_weight_plan_is_the_ledger_with_the_tower(converted: Converted) -> N
     """Planned from the pair's config alone, byte for byte what the load allocates."""
     text, mmproj = converted.pairs[Q.Q8_0]
     config = read_model_config(resolve_model(str(text)))
-    bytes_by_owner: defaultdict[str, int] = defaultdict(int)
-
-    def allocate(
-        owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        bytes_by_owner[owner] += tensor.numel() * tensor.element_size()
-        return tensor
-
-    options = attrs.evolve(OPTIONS, dtype=torch.bfloat16, allocator=allocate)
+    allocator = RecordingAllocator()
+    options = attrs.evolve(OPTIONS, dtype=torch.bfloat16, allocator=allocator)
     load_gguf_model_with_mmproj(read_gguf_header(text), read_gguf_header(mmproj), options)
     plan = {owner: size for owner, size in weight_bytes(config, 2).by_owner().items() if size}
     assert plan[VISION_OWNER] > 0
-    assert bytes_by_owner.pop(ROPE_TABLE) == rope_table_bytes(config, MAX_SEQ_LEN)
-    assert dict(bytes_by_owner) == plan
+    assert allocator.bytes_by_owner.pop(ROPE_TABLE) == rope_table_bytes(config, MAX_SEQ_LEN)
+    assert dict(allocator.bytes_by_owner) == plan
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
@@ -407,29 +400,6 @@ def _q8_0_file_type(name: str, ndim: int) -> Q:
     return Q.F16 if "input_projection" in name else Q.Q8_0
 
 
-def _image(height: int, width: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels, "RGB")
-
-
-class _WithInputs(torch.nn.Module):
-    """The model for :class:`PagedRunner` whose next step takes ``embeds`` (and M-RoPE
-    ``positions``)."""
-
-    def __init__(self, model: Any, embeds: torch.Tensor, positions: torch.Tensor | None) -> None:
-        super().__init__()
-        self.inner, self.config = model, model.config
-        self.embeds, self.positions = embeds, positions
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, *rest: Any) -> Any:
-        given = positions if self.positions is None else self.positions
-        return self.inner(input_ids, given, *rest, inputs_embeds=self.embeds)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.inner.compute_logits(hidden)
-        return logits
-
-
 def image_prompt_logits(
     converted: Converted, model: Any, paged_runner: Callable[..., Any]
 ) -> torch.Tensor:
@@ -441,7 +411,9 @@ def image_prompt_logits(
             tokens, embeds, positions = _gemma3_inputs(converted, model, before, after)
         else:
             tokens, embeds, positions = _qwen2_5_vl_inputs(converted, model, before, after)
-    run = paged_runner(_WithInputs(model, embeds, positions), num_blocks=64, block_size=8)
+    wrapped = WithPromptInputs(model)
+    wrapped.embeds, wrapped.positions = embeds, positions
+    run = paged_runner(wrapped, num_blocks=64, block_size=8)
     logits: torch.Tensor = run.step({0: tokens})[0]
     return logits
 
@@ -455,7 +427,7 @@ def _gemma3_inputs(
     processor = ImageProcessorConfig.from_directory(
         converted.checkpoint_dir, model.config.siglip_vision
     )
-    images = gemma3_images([_image(20, 28, 0)], processor)
+    images = gemma3_images([random_image(20, 28, 0)], processor)
     tokens = [*before, 251, *[250] * 4, 252, *after]
     return tokens, prompt_embeds(model, torch.tensor(tokens), images), None
 
@@ -466,7 +438,7 @@ def _qwen2_5_vl_inputs(
     processor = Qwen2VLImageProcessorConfig.from_directory(
         converted.checkpoint_dir, model.config.vision
     )
-    images = qwen_images([_image(150, 230, 0)], processor)
+    images = qwen_images([random_image(150, 230, 0)], processor)
     placeholders = [*before, 252, 250, 253, *after]
     tokens = expand_image_tokens(placeholders, 250, images.num_tokens(2))
     inputs = prompt_inputs(model, torch.tensor(tokens), images)

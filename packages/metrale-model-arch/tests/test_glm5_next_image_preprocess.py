@@ -8,13 +8,12 @@ preprocessed by both: ``pixel_values`` and ``image_grid_thw`` must be equal (max
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
+from metrale_testing.image_files import encode, noise, odd_format_images, tiny_png
+from metrale_testing.preprocess_parity import GridPreprocessing, GridPreprocessingChecks
 from PIL import Image
 
 from metrale_config import VisionConfig
@@ -27,7 +26,6 @@ from metrale_model_arch.families.glm5_next.vision.smart_resize import canvas_siz
 
 transformers = pytest.importorskip("transformers")
 reference = pytest.importorskip("transformers.models.glm5_next.image_processing_pil_glm5_next")
-image_utils = pytest.importorskip("transformers.image_utils")
 
 TOWER = VisionConfig(
     depth=1,
@@ -38,32 +36,9 @@ TOWER = VisionConfig(
     projection_intermediate_size=64,
     image_token_id=1,
 )
-EXIF_ORIENTATION = 0x0112
-
-
-def encode(image: Image.Image, fmt: str, **params: Any) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **params)
-    return buffer.getvalue()
-
-
-def noise(height: int, width: int, channels: int, seed: int) -> np.ndarray:
-    shape = (height, width, channels) if channels > 1 else (height, width)
-    return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-
-
-def palette_with_transparency() -> bytes:
-    image = Image.fromarray(noise(33, 47, 1, 3) // 16, "L").convert("P")
-    return encode(image, "PNG", transparency=5)
-
-
 IMAGES: dict[str, bytes] = {
-    "png-rgba-37x53": encode(Image.fromarray(noise(37, 53, 4, 0), "RGBA"), "PNG"),
-    "png-palette-transparent": palette_with_transparency(),
-    "jpeg-301x157": encode(Image.fromarray(noise(301, 157, 3, 1), "RGB"), "JPEG", quality=90),
-    "png-gray-64x900": encode(Image.fromarray(noise(64, 900, 1, 2), "L"), "PNG"),
-    "png-gray-alpha-71x29": encode(Image.fromarray(noise(71, 29, 2, 4), "LA"), "PNG"),
-    "png-5x7-below-minimum": encode(Image.fromarray(noise(5, 7, 3, 5), "RGB"), "PNG"),
+    **odd_format_images(),
+    "png-5x7-below-minimum": tiny_png(),
     "jpeg-1203x997": encode(Image.fromarray(noise(1203, 997, 3, 6), "RGB"), "JPEG"),
 }
 # Small budgets so that the large images are cut down (and the small ones grown) in both.
@@ -73,57 +48,11 @@ PROCESSORS: dict[str, dict[str, Any]] = {
 }
 
 
-def rotated_jpeg() -> bytes:
-    image = Image.fromarray(noise(45, 81, 3, 7), "RGB")
-    exif = image.getexif()
-    exif[EXIF_ORIENTATION] = 6
-    return encode(image, "JPEG", exif=exif.tobytes())
-
-
-def ours(data: bytes, options: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    config = ImageProcessorConfig.from_json(options, TOWER)
-    inputs = preprocess_images([decode_image(data)], config)
-    return inputs.pixel_values, inputs.grid_thw
-
-
-def theirs(
-    image: Image.Image | list[Image.Image], options: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    out = reference.Glm5NextImageProcessorPil(**options)(image, return_tensors="pt")
-    return out["pixel_values"], out["image_grid_thw"]
-
-
-@pytest.mark.parametrize("options", PROCESSORS.values(), ids=PROCESSORS.keys())
-@pytest.mark.parametrize("name", IMAGES)
-def test_pixel_values_equal_transformers(name: str, options: dict[str, Any]) -> None:
-    data = IMAGES[name]
-    pixel_values, grid = ours(data, options)
-    expected_values, expected_grid = theirs(Image.open(io.BytesIO(data)), options)
-    assert grid.tolist() == expected_grid.tolist()
-    torch.testing.assert_close(pixel_values, expected_values, rtol=0, atol=0)
-
-
-def test_exif_orientation_is_applied_as_transformers_load_image(tmp_path: Path) -> None:
-    path = tmp_path / "rotated.jpeg"
-    path.write_bytes(rotated_jpeg())
-    pixel_values, grid = ours(path.read_bytes(), {})
-    expected_values, expected_grid = theirs(image_utils.load_image(str(path)), {})
-    assert grid.tolist() == expected_grid.tolist()
-    ((_, rows, cols),) = grid.tolist()
-    assert rows > cols  # 81 wide and 45 tall, turned upright
-    torch.testing.assert_close(pixel_values, expected_values, rtol=0, atol=0)
-
-
-def test_several_images_concatenate_in_order() -> None:
-    names = ["png-rgba-37x53", "jpeg-301x157", "png-gray-64x900"]
-    config = ImageProcessorConfig.from_json({}, TOWER)
-    inputs = preprocess_images([decode_image(IMAGES[name]) for name in names], config)
-    expected_values, expected_grid = theirs(
-        [Image.open(io.BytesIO(IMAGES[name])) for name in names], {}
+class TestAgainstTransformers(GridPreprocessingChecks):
+    preprocessing = GridPreprocessing(
+        ImageProcessorConfig, TOWER, preprocess_images, reference.Glm5NextImageProcessorPil
     )
-    assert inputs.grid_thw.tolist() == expected_grid.tolist()
-    torch.testing.assert_close(inputs.pixel_values, expected_values, rtol=0, atol=0)
-    assert inputs.num_tokens(2) == [int(t * h * w) // 4 for t, h, w in expected_grid.tolist()]
+    images, processors = IMAGES, PROCESSORS
 
 
 @pytest.mark.parametrize("budget", [(16, 8000), (4, 24), (100, 120)], ids=str)

@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from metrale_testing.recording_allocator import RecordingAllocator
+from metrale_testing.vision_checkpoint import (
+    VisionCheckpoint,
+    load_vision_model,
+    save_vision_checkpoint,
+)
+from metrale_testing.vision_parity import (
+    ImagePrompt,
+    ImagePromptChecks,
+    ImagePromptFamily,
+    Prefill,
+    laid_out_prompts,
+    prefill_embeds,
+    random_text,
+)
 
-from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
+from metrale_config import model_config_from_hf_dict, model_config_from_hf_file
 from metrale_model_arch import (
     LoadOptions,
     Tokenizer,
@@ -89,15 +100,6 @@ PROCESSOR = {"patch_size": 4, "min_image_tokens": 4, "max_image_tokens": 16}
 IMAGE_SIZES = ((20, 28), (50, 13), (9, 40))
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    hf_processor: Any
-    images: list[Image.Image]
-
-
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Every parameter random (norms around one), the rest small; buffers keep their values
     (the tower's rotary frequencies are a buffer the checkpoint does not carry)."""
@@ -118,13 +120,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 buffer.copy_(0.5 * torch.randn(buffer.shape, generator=generator))
 
 
-def random_image(height: int, width: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels, "RGB")
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> VisionCheckpoint:
     path = tmp_path_factory.mktemp("glm5_next_vision")
     hf_config = transformers.Glm5NextConfig(
         text_config=TEXT,
@@ -136,88 +133,40 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     )
     hf_model = transformers.Glm5NextForConditionalGeneration(hf_config).eval()
     randomize(hf_model, seed=0)
-    hf_model.save_pretrained(path)
     pil_processor = pytest.importorskip(
         "transformers.models.glm5_next.image_processing_pil_glm5_next"
     )
     processor = pil_processor.Glm5NextImageProcessorPil(**PROCESSOR)
-    processor.save_pretrained(path)
-    images = [random_image(h, w, seed) for seed, (h, w) in enumerate(IMAGE_SIZES)]
-    return Checkpoint(
-        path=path,
-        config=model_config_from_hf_file(path),
-        hf_model=hf_model,
-        hf_processor=processor,
-        images=images,
-    )
+    return save_vision_checkpoint(path, hf_model, processor, IMAGE_SIZES)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
-    options = {"dtype": dtype, "device": "cpu", **options}
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, LoadOptions(**options))
-    assert isinstance(model, Glm5NextForCausalLM)
-    return model
+def load(checkpoint: VisionCheckpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
+    return load_vision_model(checkpoint, Glm5NextForCausalLM, dtype=dtype, **options)
 
 
-@attrs.frozen(kw_only=True)
-class ImagePrompt:
-    token_ids: list[int]
-    images: ImageInputs
-
-
-def image_prompts(checkpoint: Checkpoint) -> dict[int, ImagePrompt]:
+def image_prompts(checkpoint: VisionCheckpoint) -> dict[int, ImagePrompt]:
     """Sequence 0: text, an image, text; sequence 1: two images between texts."""
     assert checkpoint.config.vision is not None
     processor = ImageProcessorConfig.from_directory(checkpoint.path, checkpoint.config.vision)
-    generator = torch.Generator().manual_seed(1)
-
-    def text(length: int) -> list[int]:
-        return torch.randint(1, IMAGE, (length,), generator=generator).tolist()
-
+    text = random_text(seed=1, low=1, high=IMAGE)
     layouts = {
         0: ([0], [*text(7), IMAGE, *text(5)]),
         1: ([1, 2], [*text(3), IMAGE, IMAGE, *text(9)]),
     }
-    prompts = {}
-    for seq_id, (which, placeholders) in layouts.items():
-        images = preprocess_images([checkpoint.images[i] for i in which], processor)
-        tokens = expand_image_tokens(placeholders, IMAGE, images.num_tokens(2))
-        prompts[seq_id] = ImagePrompt(token_ids=tokens, images=images)
-    return prompts
-
-
-class WithPromptEmbeds(torch.nn.Module):
-    """The model for :class:`PagedRunner`: the next step takes ``pending`` embeddings."""
-
-    def __init__(self, model: Glm5NextForCausalLM) -> None:
-        super().__init__()
-        self.inner = model
-        self.config = model.config
-        self.pending: torch.Tensor | None = None
-
-    def forward(self, *args: Any) -> torch.Tensor:
-        embeds, self.pending = self.pending, None
-        hidden: torch.Tensor = self.inner(*args, inputs_embeds=embeds)
-        return hidden
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.inner.compute_logits(hidden)
+    return laid_out_prompts(
+        checkpoint.images,
+        layouts,
+        lambda images: preprocess_images(images, processor),
+        lambda tokens, images: expand_image_tokens(tokens, IMAGE, images.num_tokens(2)),
+    )
 
 
 def prefill(
     model: Glm5NextForCausalLM,
     paged_runner: Callable[..., Any],
     prompts: Mapping[int, ImagePrompt],
-) -> tuple[Any, dict[int, torch.Tensor]]:
-    """All prompts in one paged step, their embeddings from :func:`prompt_embeds`."""
-    wrapped = WithPromptEmbeds(model)
-    run = paged_runner(wrapped, num_blocks=64, block_size=8)
-    with torch.inference_mode():
-        wrapped.pending = torch.cat(
-            [prompt_embeds(model, torch.tensor(p.token_ids), p.images) for p in prompts.values()]
-        )
-    logits = run.step({seq_id: p.token_ids for seq_id, p in prompts.items()})
-    return run, logits
+) -> Prefill:
+    return prefill_embeds(model, paged_runner, prompts, prompt_embeds, block_size=8)
 
 
 def hf_inputs(prompt: ImagePrompt) -> dict[str, torch.Tensor]:
@@ -228,7 +177,7 @@ def hf_inputs(prompt: ImagePrompt) -> dict[str, torch.Tensor]:
     }
 
 
-def test_the_pixel_values_are_transformers_processors(checkpoint: Checkpoint) -> None:
+def test_the_pixel_values_are_transformers_processors(checkpoint: VisionCheckpoint) -> None:
     for prompt, which in zip(image_prompts(checkpoint).values(), ([0], [1, 2]), strict=True):
         reference = checkpoint.hf_processor([checkpoint.images[i] for i in which])
         torch.testing.assert_close(
@@ -237,7 +186,7 @@ def test_the_pixel_values_are_transformers_processors(checkpoint: Checkpoint) ->
         assert prompt.images.grid_thw.tolist() == reference["image_grid_thw"].tolist()
 
 
-def test_the_tower_matches_transformers(checkpoint: Checkpoint) -> None:
+def test_the_tower_matches_transformers(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     assert model.model.visual is not None
     images = image_prompts(checkpoint)[1].images
@@ -249,41 +198,12 @@ def test_the_tower_matches_transformers(checkpoint: Checkpoint) -> None:
     torch.testing.assert_close(ours, torch.cat(theirs), rtol=0, atol=1e-5)
 
 
-def test_image_prompts_match_transformers_logits(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    _, logits = prefill(load(checkpoint), paged_runner, prompts)
-    for seq_id, prompt in prompts.items():
-        with torch.inference_mode():
-            theirs = checkpoint.hf_model(**hf_inputs(prompt)).logits[0]
-        torch.testing.assert_close(logits[seq_id], theirs, rtol=0, atol=1e-4)
-
-
-def test_greedy_tokens_match_transformers_generate(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    run, logits = prefill(load(checkpoint), paged_runner, prompts)
-    tokens = {seq_id: [int(out[-1].argmax())] for seq_id, out in logits.items()}
-    for _ in range(NUM_GREEDY_TOKENS - 1):
-        logits = run.step({seq_id: out[-1:] for seq_id, out in tokens.items()})
-        for seq_id, out in tokens.items():
-            out.append(int(logits[seq_id][-1].argmax()))
-    for seq_id, prompt in prompts.items():
-        with torch.inference_mode():
-            generated = checkpoint.hf_model.generate(
-                **hf_inputs(prompt),
-                max_new_tokens=NUM_GREEDY_TOKENS,
-                min_new_tokens=NUM_GREEDY_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        assert tokens[seq_id] == generated[0, len(prompt.token_ids) :].tolist(), seq_id
+class TestImagePrompts(ImagePromptChecks):
+    family = ImagePromptFamily(load, image_prompts, prefill, hf_inputs, NUM_GREEDY_TOKENS)
 
 
 def test_the_images_change_the_logits(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """Swapping the two images of a prompt changes its logits from the first image token on."""
     prompt = image_prompts(checkpoint)[1]
@@ -299,8 +219,8 @@ def test_the_images_change_the_logits(
     )
     assert sum(swapped.images.num_tokens(2)) == sum(images.num_tokens(2))
     model = load(checkpoint)
-    _, ours = prefill(model, paged_runner, {0: prompt})
-    _, theirs = prefill(model, paged_runner, {0: swapped})
+    ours = prefill(model, paged_runner, {0: prompt}).logits
+    theirs = prefill(model, paged_runner, {0: swapped}).logits
     start = prompt.token_ids.index(IMAGE)
     torch.testing.assert_close(ours[0][:start], theirs[0][:start], rtol=0, atol=0)
     assert (
@@ -309,7 +229,7 @@ def test_the_images_change_the_logits(
     )
 
 
-def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> None:
+def test_prompts_the_images_do_not_fit_are_refused(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     prompt = image_prompts(checkpoint)[0]
     ids = torch.tensor(prompt.token_ids)
@@ -324,21 +244,9 @@ def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> No
         expand_image_tokens([1, IMAGE, IMAGE], IMAGE, [4])
 
 
-class RecordingAllocator:
-    def __init__(self) -> None:
-        self.bytes_by_owner: defaultdict[str, int] = defaultdict(int)
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.bytes_by_owner[owner] += tensor.numel() * tensor.element_size()
-        return tensor
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_weight_plan_is_the_ledger_with_the_tower(
-    checkpoint: Checkpoint, dtype: torch.dtype
+    checkpoint: VisionCheckpoint, dtype: torch.dtype
 ) -> None:
     allocator = RecordingAllocator()
     load(checkpoint, dtype, allocator=allocator)
@@ -347,7 +255,7 @@ def test_the_weight_plan_is_the_ledger_with_the_tower(
     assert dict(allocator.bytes_by_owner) == plan
 
 
-def vision_bytes(checkpoint: Checkpoint, dtype: torch.dtype) -> int:
+def vision_bytes(checkpoint: VisionCheckpoint, dtype: torch.dtype) -> int:
     tower = checkpoint.hf_model.model.visual
     return int(sum(p.numel() for p in tower.parameters())) * dtype.itemsize
 
@@ -367,7 +275,7 @@ def test_the_tower_count_is_transformers(vision: dict[str, Any]) -> None:
     assert vision_tower_params(parsed) == sum(p.numel() for p in tower.parameters())
 
 
-def test_a_text_only_config_loads_no_tower(checkpoint: Checkpoint, tmp_path: Path) -> None:
+def test_a_text_only_config_loads_no_tower(checkpoint: VisionCheckpoint, tmp_path: Path) -> None:
     """Without ``vision_config`` the tower's tensors are skipped and nothing is planned for it."""
     data = json.loads((checkpoint.path / "config.json").read_text())
     del data["vision_config"]
@@ -382,7 +290,7 @@ def test_a_text_only_config_loads_no_tower(checkpoint: Checkpoint, tmp_path: Pat
 
 
 def test_text_only_loading_leaves_the_tower_of_a_vision_checkpoint_out(
-    checkpoint: Checkpoint, tmp_path: Path, default_tokenizer: Tokenizer
+    checkpoint: VisionCheckpoint, tmp_path: Path, default_tokenizer: Tokenizer
 ) -> None:
     """What the server does while it takes no images: the same checkpoint, no tower planned,
     allocated or loaded, and the text weights the same."""

@@ -14,19 +14,31 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from metrale_testing.recording_allocator import RecordingAllocator
+from metrale_testing.vision_checkpoint import (
+    VisionCheckpoint,
+    load_vision_model,
+    save_vision_checkpoint,
+)
+from metrale_testing.vision_parity import (
+    ImagePrompt,
+    ImagePromptChecks,
+    ImagePromptFamily,
+    Prefill,
+    WithPromptInputs,
+    laid_out_prompts,
+    random_text,
+)
 from safetensors.torch import save_file
 
-from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
+from metrale_config import model_config_from_hf_dict
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.counts.qwen2_5_vl_vision import qwen2_5_vl_vision_params
 from metrale_model_arch.families.qwen2_5_vl import Qwen2_5_VLForCausalLM
@@ -75,14 +87,6 @@ PROCESSOR = {"patch_size": 4, "min_pixels": 64, "max_pixels": 64 * 64}
 IMAGE_SIZES = ((40, 56), (27, 70), (37, 29))
 
 
-@attrs.frozen(kw_only=True)
-class Checkpoint:
-    path: Path
-    config: ModelConfig
-    hf_model: Any
-    images: list[Image.Image]
-
-
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Every parameter random: norms around one, the rest small."""
     generator = torch.Generator().manual_seed(seed)
@@ -93,13 +97,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             param.copy_(1.0 + 0.2 * noise if is_norm else 0.25 * noise)
 
 
-def random_image(height: int, width: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels, "RGB")
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> VisionCheckpoint:
     path = tmp_path_factory.mktemp("qwen2_5_vl")
     hf_config = transformers.Qwen2_5_VLConfig(
         text_config=TEXT,
@@ -111,85 +110,42 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     )
     hf_model = transformers.Qwen2_5_VLForConditionalGeneration(hf_config).eval()
     randomize(hf_model, seed=0)
-    hf_model.save_pretrained(path)
-    pil_processor.Qwen2VLImageProcessorPil(**PROCESSOR).save_pretrained(path)
-    images = [random_image(h, w, seed) for seed, (h, w) in enumerate(IMAGE_SIZES)]
-    config = model_config_from_hf_file(path)
-    return Checkpoint(path=path, config=config, hf_model=hf_model, images=images)
+    processor = pil_processor.Qwen2VLImageProcessorPil(**PROCESSOR)
+    return save_vision_checkpoint(path, hf_model, processor, IMAGE_SIZES)
 
 
-def load(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
-    options = {"dtype": dtype, "device": "cpu", **options}
-    model = load_safetensors_model(checkpoint.path, checkpoint.config, LoadOptions(**options))
-    assert isinstance(model, Qwen2_5_VLForCausalLM)
-    return model
+def load(checkpoint: VisionCheckpoint, dtype: torch.dtype = torch.float32, **options: Any) -> Any:
+    return load_vision_model(checkpoint, Qwen2_5_VLForCausalLM, dtype=dtype, **options)
 
 
-@attrs.frozen(kw_only=True)
-class ImagePrompt:
-    token_ids: list[int]
-    images: ImageInputs
-
-
-def image_prompts(checkpoint: Checkpoint) -> dict[int, ImagePrompt]:
+def image_prompts(checkpoint: VisionCheckpoint) -> dict[int, ImagePrompt]:
     """Sequence 0: text, an image, text; sequence 1: two images between texts, each image
     wrapped in vision start and end tokens as the chat template writes it."""
     assert checkpoint.config.vision is not None
     processor = Qwen2VLImageProcessorConfig.from_directory(
         checkpoint.path, checkpoint.config.vision
     )
-    generator = torch.Generator().manual_seed(1)
-
-    def text(length: int) -> list[int]:
-        return torch.randint(3, IMAGE, (length,), generator=generator).tolist()
-
+    text = random_text(seed=1, low=3, high=IMAGE)
     image = [VISION_START, IMAGE, VISION_END]
     layouts = {
         0: ([0], [*text(7), *image, *text(5)]),
         1: ([1, 2], [*text(3), *image, *text(2), *image, *text(6)]),
     }
-    prompts = {}
-    for seq_id, (which, placeholders) in layouts.items():
-        images = preprocess_images([checkpoint.images[i] for i in which], processor)
-        tokens = expand_image_tokens(placeholders, IMAGE, images.num_tokens(2))
-        prompts[seq_id] = ImagePrompt(token_ids=tokens, images=images)
-    return prompts
-
-
-class WithPromptInputs(torch.nn.Module):
-    """The model for :class:`PagedRunner`: the next step takes ``embeds`` and ``positions``
-    when set (the runner's own positions are sequence indices)."""
-
-    def __init__(self, model: Qwen2_5_VLForCausalLM) -> None:
-        super().__init__()
-        self.inner = model
-        self.config = model.config
-        self.embeds: torch.Tensor | None = None
-        self.positions: torch.Tensor | None = None
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, *rest: Any) -> Any:
-        embeds, self.embeds = self.embeds, None
-        given, self.positions = self.positions, None
-        return self.inner(input_ids, positions if given is None else given, *rest, embeds)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.inner.compute_logits(hidden)
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class Prefilled:
-    run: Any
-    wrapped: WithPromptInputs
-    logits: dict[int, torch.Tensor]
-    deltas: dict[int, int]
+    return laid_out_prompts(
+        checkpoint.images,
+        layouts,
+        lambda images: preprocess_images(images, processor),
+        lambda tokens, images: expand_image_tokens(tokens, IMAGE, images.num_tokens(2)),
+    )
 
 
 def prefill(
     model: Qwen2_5_VLForCausalLM,
     paged_runner: Callable[..., Any],
     prompts: Mapping[int, ImagePrompt],
-) -> Prefilled:
-    """All prompts in one paged step, at their M-RoPE positions."""
+) -> Prefill:
+    """All prompts in one paged step, at their M-RoPE positions; each decode step's token at
+    its sequence index plus its prompt's delta."""
     wrapped = WithPromptInputs(model)
     run = paged_runner(wrapped, num_blocks=64, block_size=8)
     with torch.inference_mode():
@@ -200,7 +156,13 @@ def prefill(
     wrapped.positions = torch.cat([i.positions.positions for i in inputs], dim=1)
     logits = run.step({seq_id: p.token_ids for seq_id, p in prompts.items()})
     deltas = {s: i.positions.delta for s, i in zip(prompts, inputs, strict=True)}
-    return Prefilled(run=run, wrapped=wrapped, logits=logits, deltas=deltas)
+
+    def at_mrope_positions(tokens: Mapping[int, list[int]]) -> None:
+        wrapped.positions = torch.tensor(
+            [len(prompts[s].token_ids) + len(out) - 1 + deltas[s] for s, out in tokens.items()]
+        )
+
+    return Prefill(run=run, logits=logits, before_decode_step=at_mrope_positions)
 
 
 def hf_inputs(prompt: ImagePrompt) -> dict[str, torch.Tensor]:
@@ -213,7 +175,7 @@ def hf_inputs(prompt: ImagePrompt) -> dict[str, torch.Tensor]:
     }
 
 
-def test_the_pixel_values_are_transformers_processors(checkpoint: Checkpoint) -> None:
+def test_the_pixel_values_are_transformers_processors(checkpoint: VisionCheckpoint) -> None:
     processor = pil_processor.Qwen2VLImageProcessorPil(**PROCESSOR)
     for prompt, which in zip(image_prompts(checkpoint).values(), ([0], [1, 2]), strict=True):
         reference = processor([checkpoint.images[i] for i in which], return_tensors="pt")
@@ -238,7 +200,7 @@ def test_the_window_order_is_transformers(grids: list[tuple[int, int, int]]) -> 
     assert [4 * size for size in windows.window_sizes] == cu_windows.diff().tolist()
 
 
-def test_the_tower_matches_transformers(checkpoint: Checkpoint) -> None:
+def test_the_tower_matches_transformers(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     assert model.model.visual is not None
     images = image_prompts(checkpoint)[1].images
@@ -251,7 +213,7 @@ def test_the_tower_matches_transformers(checkpoint: Checkpoint) -> None:
     torch.testing.assert_close(ours, torch.cat(theirs), rtol=0, atol=1e-4)
 
 
-def test_the_prompt_positions_are_transformers_rope_index(checkpoint: Checkpoint) -> None:
+def test_the_prompt_positions_are_transformers_rope_index(checkpoint: VisionCheckpoint) -> None:
     hf_model = checkpoint.hf_model.model
     for prompt in image_prompts(checkpoint).values():
         inputs = hf_inputs(prompt)
@@ -268,7 +230,7 @@ def test_the_prompt_positions_are_transformers_rope_index(checkpoint: Checkpoint
     assert text.delta == 0
 
 
-def test_each_frequency_turns_by_its_sections_position(checkpoint: Checkpoint) -> None:
+def test_each_frequency_turns_by_its_sections_position(checkpoint: VisionCheckpoint) -> None:
     table = rope_cos_sin_table(checkpoint.config, 64)  # (64, 16): 8 cos, then 8 sin
     plain = torch.tensor([0, 5, 63, 7])
     assert torch.equal(mrope_cos_sin(table, plain.expand(3, -1), (2, 3, 3)), table[plain])
@@ -278,49 +240,14 @@ def test_each_frequency_turns_by_its_sections_position(checkpoint: Checkpoint) -
     assert torch.equal(row, torch.cat(sections))
 
 
-def test_image_prompts_match_transformers_logits(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    logits = prefill(load(checkpoint), paged_runner, prompts).logits
-    for seq_id, prompt in prompts.items():
-        with torch.inference_mode():
-            theirs = checkpoint.hf_model(**hf_inputs(prompt)).logits[0]
-        torch.testing.assert_close(logits[seq_id], theirs, rtol=0, atol=1e-4)
-
-
-def test_greedy_tokens_match_transformers_generate(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
-) -> None:
-    prompts = image_prompts(checkpoint)
-    prefilled = prefill(load(checkpoint), paged_runner, prompts)
-    tokens = {seq_id: [int(out[-1].argmax())] for seq_id, out in prefilled.logits.items()}
-    for _ in range(NUM_GREEDY_TOKENS - 1):
-        # Each sequence's next token sits at its sequence index plus its prompt's delta.
-        prefilled.wrapped.positions = torch.tensor(
-            [
-                len(prompts[s].token_ids) + len(out) - 1 + prefilled.deltas[s]
-                for s, out in tokens.items()
-            ]
-        )
-        logits = prefilled.run.step({seq_id: out[-1:] for seq_id, out in tokens.items()})
-        for seq_id, out in tokens.items():
-            out.append(int(logits[seq_id][-1].argmax()))
-    for seq_id, prompt in prompts.items():
-        with torch.inference_mode():
-            generated = checkpoint.hf_model.generate(
-                **hf_inputs(prompt),
-                max_new_tokens=NUM_GREEDY_TOKENS,
-                min_new_tokens=NUM_GREEDY_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        assert tokens[seq_id] == generated[0, len(prompt.token_ids) :].tolist(), seq_id
-        assert len(set(tokens[seq_id])) >= 8, "a degenerate model proves little"
+class TestImagePrompts(ImagePromptChecks):
+    family = ImagePromptFamily(
+        load, image_prompts, prefill, hf_inputs, NUM_GREEDY_TOKENS, min_distinct_greedy_tokens=8
+    )
 
 
 def test_text_prompts_run_from_plain_positions(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """Without images the engine's ``(tokens,)`` positions are the M-RoPE ones."""
     prompt = torch.randint(3, IMAGE, (20,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -332,7 +259,7 @@ def test_text_prompts_run_from_plain_positions(
 
 
 def test_the_images_change_the_logits(
-    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+    checkpoint: VisionCheckpoint, paged_runner: Callable[..., Any]
 ) -> None:
     """Other pixels of the same size change a prompt's logits from its image on, not before."""
     prompt = image_prompts(checkpoint)[0]
@@ -348,7 +275,7 @@ def test_the_images_change_the_logits(
     assert float((ours[start:] - other[start:]).abs().max()) > 1e-2
 
 
-def test_transformers_5_module_names_load_too(checkpoint: Checkpoint, tmp_path: Path) -> None:
+def test_transformers_5_module_names_load_too(checkpoint: VisionCheckpoint, tmp_path: Path) -> None:
     """A checkpoint named as transformers 5's modules are (``model.language_model.``,
     ``model.visual.``) loads the same weights as the hub's names."""
     state = {name: t.contiguous() for name, t in checkpoint.hf_model.state_dict().items()}
@@ -362,7 +289,7 @@ def test_transformers_5_module_names_load_too(checkpoint: Checkpoint, tmp_path: 
         assert torch.equal(tensor, expected[name]), name
 
 
-def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> None:
+def test_prompts_the_images_do_not_fit_are_refused(checkpoint: VisionCheckpoint) -> None:
     model = load(checkpoint)
     prompt = image_prompts(checkpoint)[0]
     ids = torch.tensor(prompt.token_ids)
@@ -379,21 +306,9 @@ def test_prompts_the_images_do_not_fit_are_refused(checkpoint: Checkpoint) -> No
                          merge_size=2)  # fmt: skip
 
 
-class RecordingAllocator:
-    def __init__(self) -> None:
-        self.bytes_by_owner: defaultdict[str, int] = defaultdict(int)
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.bytes_by_owner[owner] += tensor.numel() * tensor.element_size()
-        return tensor
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_weight_plan_is_the_ledger_with_the_tower(
-    checkpoint: Checkpoint, dtype: torch.dtype
+    checkpoint: VisionCheckpoint, dtype: torch.dtype
 ) -> None:
     allocator = RecordingAllocator()
     load(checkpoint, dtype, allocator=allocator)
@@ -405,7 +320,7 @@ def test_the_weight_plan_is_the_ledger_with_the_tower(
     assert dict(allocator.bytes_by_owner) == plan
 
 
-def test_a_text_only_load_plans_and_loads_no_tower(checkpoint: Checkpoint) -> None:
+def test_a_text_only_load_plans_and_loads_no_tower(checkpoint: VisionCheckpoint) -> None:
     config = text_only_config(checkpoint.config)
     allocator = RecordingAllocator()
     model = load_safetensors_model(
@@ -430,7 +345,7 @@ def test_the_tower_count_is_transformers(vision: dict[str, Any]) -> None:
     assert qwen2_5_vl_vision_params(parsed) == sum(p.numel() for p in tower.parameters())
 
 
-def test_the_checkpoints_processor_config_is_read(checkpoint: Checkpoint) -> None:
+def test_the_checkpoints_processor_config_is_read(checkpoint: VisionCheckpoint) -> None:
     assert checkpoint.config.vision is not None
     saved = json.loads((checkpoint.path / "preprocessor_config.json").read_text())
     config = Qwen2VLImageProcessorConfig.from_json(saved, checkpoint.config.vision)

@@ -18,19 +18,19 @@ from PIL import Image
 
 from metrale_model_arch.families.gemma3.vision.preprocess import normalized_image
 from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
-from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
+from metrale_model_arch.families.gemma3.vision.visual import Gemma3Visual
+from metrale_model_arch.families.vision.tower_encoder import TowerImageEncoder, loaded_parts
 from metrale_model_arch.prepared_image import PreparedImage
-from metrale_model_arch.prompt_positions import PromptPositions
 
 if TYPE_CHECKING:
     from metrale_model_arch.families.gemma3.model import Gemma3ForConditionalGeneration
     from metrale_model_arch.load import LoadedModel
 
 
-class Gemma3ImageEncoder:
+class Gemma3ImageEncoder(
+    TowerImageEncoder["Gemma3ForConditionalGeneration", Gemma3Visual, ImageProcessorConfig]
+):
     whole_images = True
-    placeholder_text: str | None
-    text_expansion: str | None
 
     def __init__(
         self,
@@ -38,14 +38,9 @@ class Gemma3ImageEncoder:
         processor: ImageProcessorConfig,
         token_text: dict[int, str],
     ) -> None:
-        vision, visual = model.config.siglip_vision, model.visual
-        if visual is None or vision is None:
-            raise ValueError(f"{model.config.source}: the model was loaded without its tower")
-        self._model = model
-        self._visual = visual
-        self._processor = processor
-        self.image_token_id = vision.image_token_id
-        self.hidden_size = model.config.hidden_size
+        vision = model.config.siglip_vision
+        super().__init__(model, model.visual, vision, processor)
+        assert vision is not None
         self.max_tokens_per_image = vision.mm_tokens_per_image
         image, boi, eoi = (token_text[i] for i in (vision.image_token_id, vision.boi_token_id,
                                                     vision.eoi_token_id))  # fmt: skip
@@ -54,15 +49,17 @@ class Gemma3ImageEncoder:
 
     @classmethod
     def for_loaded(cls, loaded: LoadedModel) -> Gemma3ImageEncoder:
-        """The encoder of a loaded gemma3 model: preprocessing from the checkpoint directory's
-        ``preprocessor_config.json`` (defaults without one), its image, begin- and end-of-image
-        tokens' text from the tokenizer."""
+        """The encoder of a loaded gemma3 model (its preprocessing read as
+        :func:`loaded_parts` says), its image, begin- and end-of-image tokens' text from the
+        tokenizer."""
         from metrale_model_arch.families.gemma3.model import Gemma3ForConditionalGeneration
 
-        model, vision = loaded.model, loaded.config.siglip_vision
-        assert isinstance(model, Gemma3ForConditionalGeneration)
-        assert vision is not None
-        processor = ImageProcessorConfig.from_directory(checkpoint_directory(loaded), vision)
+        model, vision, processor = loaded_parts(
+            loaded,
+            Gemma3ForConditionalGeneration,
+            loaded.config.siglip_vision,
+            ImageProcessorConfig.from_directory,
+        )
         token_text: dict[int, str] = {}
         for token_id in (vision.image_token_id, vision.boi_token_id, vision.eoi_token_id):
             text = loaded.tokenizer.id_to_token(token_id)
@@ -84,11 +81,6 @@ class Gemma3ImageEncoder:
         dtype = self._model.model.embed_tokens.weight.dtype
         features = self._visual(pixel_values).to(dtype)
         return list(features.unbind(0))
-
-    def rope_positions(
-        self, token_ids: Sequence[int], images: Sequence[PreparedImage]
-    ) -> PromptPositions | None:
-        return None  # positions are token indices
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         # The image token may lie past the vocabulary: its rows are replaced anyway.

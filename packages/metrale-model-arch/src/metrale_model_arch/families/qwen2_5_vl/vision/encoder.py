@@ -15,9 +15,9 @@ from metrale_model_arch.families.qwen2_5_vl.vision.preprocess import resized_pix
 from metrale_model_arch.families.qwen2_5_vl.vision.processor_config import (
     Qwen2VLImageProcessorConfig,
 )
-from metrale_model_arch.families.vision.grid_encode import encode_grid_images
+from metrale_model_arch.families.vision.grid_encode import GridImageEncoder
 from metrale_model_arch.families.vision.pixels import patchify
-from metrale_model_arch.families.vision.processor_fields import checkpoint_directory
+from metrale_model_arch.families.vision.tower_encoder import loaded_parts
 from metrale_model_arch.prepared_image import PreparedImage
 from metrale_model_arch.prompt_positions import PromptPositions
 
@@ -26,37 +26,29 @@ if TYPE_CHECKING:
     from metrale_model_arch.load import LoadedModel
 
 
-class Qwen2_5_VLImageEncoder:  # noqa: N801 (the family's name)
-    # The chat template writes one image pad per image, expanded by token (not in the text);
-    # the text stack attends to image tokens causally, so a chunk may end inside an image.
-    placeholder_text: str | None = None
-    text_expansion: str | None = None
-    whole_images = False
+class Qwen2_5_VLImageEncoder(  # noqa: N801 (the family's name)
+    GridImageEncoder["Qwen2_5_VLForCausalLM", Qwen2VLImageProcessorConfig]
+):
+    # The base's prompt layout: the chat template writes one image pad per image, expanded by
+    # token (not in the text); image tokens attend causally, so a chunk may end inside an image.
 
     def __init__(
         self, model: Qwen2_5_VLForCausalLM, processor: Qwen2VLImageProcessorConfig
     ) -> None:
-        vision = model.config.vision
-        if model.model.visual is None or vision is None:
-            raise ValueError(f"{model.config.source}: the model was loaded without its tower")
-        self._model = model
-        self._visual = model.model.visual
-        self._processor = processor
-        self.image_token_id = vision.image_token_id
-        self.hidden_size = model.config.hidden_size
+        super().__init__(model, model.model, model.config.vision, processor)
         self.max_tokens_per_image = processor.max_tokens_per_image
 
     @classmethod
     def for_loaded(cls, loaded: LoadedModel) -> Qwen2_5_VLImageEncoder:
-        """The encoder of a loaded qwen2_5_vl model, its preprocessing read from the
-        checkpoint directory's ``preprocessor_config.json`` (defaults without one)."""
         from metrale_model_arch.families.qwen2_5_vl.model import Qwen2_5_VLForCausalLM
 
-        model, vision = loaded.model, loaded.config.vision
-        assert isinstance(model, Qwen2_5_VLForCausalLM)
-        assert vision is not None
-        directory = checkpoint_directory(loaded)
-        return cls(model, Qwen2VLImageProcessorConfig.from_directory(directory, vision))
+        model, _, processor = loaded_parts(
+            loaded,
+            Qwen2_5_VLForCausalLM,
+            loaded.config.vision,
+            Qwen2VLImageProcessorConfig.from_directory,
+        )
+        return cls(model, processor)
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         processor = self._processor
@@ -82,14 +74,6 @@ class Qwen2_5_VLImageEncoder:  # noqa: N801 (the family's name)
             grid=grid,
             num_tokens=num_tokens,
         )
-
-    def encode(self, images: Sequence[PreparedImage]) -> list[torch.Tensor]:
-        dtype = self._model.model.embed_tokens.weight.dtype
-        return encode_grid_images(self._visual, images, dtype)
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeds: torch.Tensor = self._model.model.embed_tokens(input_ids)
-        return embeds
 
     def rope_positions(
         self, token_ids: Sequence[int], images: Sequence[PreparedImage]
