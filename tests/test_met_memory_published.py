@@ -27,9 +27,9 @@ PUBLISHED = {
     ),
     # The 20 shards' bytes; 7 MLA layers x (512 latent + 64 RoPE key) per token.
     "kimi-linear-48b-a3b-instruct": ("kimi_linear", 98_245_528_576, 7 * (512 + 64) * 2),
-    # 27,432,406,640 parameters with the vision tower, bfloat16; 62 layers x (K + V) x 16 heads
-    # x 128 dims (sliding layers priced as full ones).
-    "gemma-3-27b-it": ("gemma3", 2 * 27_432_406_640, 62 * 2 * 16 * 128 * 2),
+    # 27,432,406,640 parameters with the vision tower, bfloat16; 10 full-attention layers x
+    # (K + V) x 16 heads x 128 dims (the 52 sliding layers in rings per sequence).
+    "gemma-3-27b-it": ("gemma3", 2 * 27_432_406_640, 10 * 2 * 16 * 128 * 2),
 }
 
 

@@ -75,6 +75,8 @@ def test_met_memory_of_the_published_gpt_oss_120b_config() -> None:
     # to bfloat16 at load, the routers in float32.
     routers = 36 * 128 * (2880 + 1)
     assert weights == 2 * (116_829_156_672 - routers) + 4 * routers
-    # 36 layers x 8 KV heads x 64 x (K and V) x 2 bytes (sliding layers priced as full ones).
-    assert plan["kv_bytes_per_token"] == 36 * 8 * 64 * 2 * 2
+    # 18 full layers x 8 KV heads x 64 x (K and V) x 2 bytes (the 18 sliding layers in rings
+    # per sequence, 41 blocks of 16 tokens each).
+    assert plan["kv_bytes_per_token"] == 18 * 8 * 64 * 2 * 2
+    assert owners["sliding_window_kv"] == 8 * 18 * 2 * 41 * 16 * 8 * 64 * 2
     assert owners[ROPE_TABLE] == 16384 * 64 * 4

@@ -20,7 +20,7 @@ from metrale_testing.greedy import repeated_phrase_prompts, transformers_greedy
 
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import KV_POOL, LINEAR_STATE_POOL, ROPE_TABLE
-from metrale_server import LLM
+from metrale_server import LLM, SamplingParams
 from metrale_server.speculative_config import SpeculativeConfig
 
 transformers = pytest.importorskip("transformers")
@@ -129,3 +129,15 @@ def test_ngram_speculation_rolls_the_state_back_and_keeps_greedy_tokens(model_di
         functools.partial(qwen3_next, model_dir), batch, NUM_TOKENS, spec
     )
     assert stats.num_accepted_tokens < stats.num_draft_tokens, stats
+
+
+def test_forked_outputs_go_on_from_the_parents_linear_state(model_dir: Path) -> None:
+    # n=2: the second output's slot starts from the first's state after the prompt (before,
+    # it started from zeros and drifted off at once).
+    batch = repeated_phrase_prompts(2, seed=6)
+    llm = qwen3_next(model_dir)
+    single = greedy_from_ids(llm, batch, NUM_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, n=2)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+    forked = [[list(choice.token_ids) for choice in output.outputs] for output in outputs]
+    assert forked == [[tokens, tokens] for tokens in single]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -23,7 +23,9 @@ class AttentionMetadata:
     attention, a flat indexer), is the state slot sequence ``i`` reads and updates.
     Build one per step and share it: what a backend derives from it once (the paged attention
     plan, :func:`metrale_kernels.reference.paged_attention.decode_plan`) is cached on it by
-    :meth:`derived`, so every layer reuses it.
+    :meth:`derived`, so every layer reuses it. ``window_views``: for a sliding window whose
+    layers keep their K/V elsewhere than the paged pool (a ring per sequence), the step as
+    those layers address their cache (:meth:`for_window`).
     """
 
     slot_mapping: torch.Tensor  # (num_tokens,) int64
@@ -34,6 +36,7 @@ class AttentionMetadata:
     seq_lens: tuple[int, ...]
     block_size: int
     state_slots: torch.Tensor | None = None  # (num_seqs,) int64
+    window_views: Mapping[int, AttentionMetadata] = attrs.field(factory=dict, repr=False)
     # Whatever else a backend derives from the step once for all layers: see ``derived``.
     _derived: dict[Hashable, object] = attrs.field(factory=dict, init=False, repr=False)
 
@@ -44,6 +47,13 @@ class AttentionMetadata:
         if key not in self._derived:
             self._derived[key] = build(self, window)
         return self._derived[key]  # type: ignore[return-value]
+
+    def for_window(self, sliding_window: int | None) -> AttentionMetadata:
+        """The metadata a layer of ``sliding_window`` writes and reads its cache by: its
+        window's view, if it has one, else this."""
+        if sliding_window is None:
+            return self
+        return self.window_views.get(sliding_window, self)
 
     @property
     def num_seqs(self) -> int:

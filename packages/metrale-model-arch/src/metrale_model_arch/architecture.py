@@ -57,6 +57,9 @@ class Architecture:
     skeleton: Callable[[ModelConfig], object] | None = None
     int8_linears: frozenset[str] = frozenset()
     traits: frozenset[Trait] = frozenset()
+    # Whether its sliding-window layers may keep their K/V in a ring per sequence (their
+    # attention reads ``metadata.for_window``): :mod:`metrale_model_arch.sliding_window_ring`.
+    rings_sliding_window: bool = False
 
     @property
     def is_runnable(self) -> bool:

@@ -16,7 +16,7 @@ import attrs
 
 from metrale_config import LINEAR_ATTENTION, SLIDING_ATTENTION, SPARSE_ATTENTION, ModelConfig
 from metrale_kernels.reference.kv_quantization import SCALE_BYTES
-from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE
+from metrale_model_arch.owners import LINEAR_STATE_POOL, PER_SEQUENCE_STATE, SLIDING_WINDOW_KV
 
 # "model": the serve dtype; "compute": what the ops reduce in, float32 (float64 at a float64
 # serve: :func:`metrale_kernels.compute_dtype`); the others are fixed whatever the serve dtype
@@ -118,6 +118,41 @@ class SlidingWindowSpec(FullAttentionSpec):
     """Stored like full attention; attention reads only the last ``sliding_window`` tokens."""
 
     sliding_window: int
+
+
+@attrs.frozen(kw_only=True)
+class SlidingWindowRingSpec(LayerCacheSpec):
+    """A sliding-window layer whose K/V live in a ring per sequence, not in the KV pool: per
+    slot, ``ring_blocks`` blocks of ``block_size`` tokens (``attention``'s row each), position
+    ``p`` at row ``p mod ring_tokens``. ``step_tokens`` is the most tokens one sequence may
+    run in a step: the ring holds ``sliding_window - 1 + step_tokens`` and more, so no row a
+    query reads is overwritten in its step (:mod:`metrale_model_arch.sliding_window_ring`)."""
+
+    attention: SlidingWindowSpec
+    ring_blocks: int
+    block_size: int
+    step_tokens: int
+
+    @property
+    def sliding_window(self) -> int:
+        return self.attention.sliding_window
+
+    @property
+    def ring_tokens(self) -> int:
+        return self.ring_blocks * self.block_size
+
+    def state(self, max_seq_len: int) -> tuple[StateTensor, ...]:
+        del max_seq_len
+        (paged,) = self.attention.paged()
+        return tuple(
+            StateTensor(
+                role=role,
+                shape=(self.ring_tokens, *paged.token_shape),
+                dtype=paged.dtype,
+                owner=SLIDING_WINDOW_KV,
+            )
+            for role in paged.roles
+        )
 
 
 @attrs.frozen(kw_only=True)

@@ -23,6 +23,7 @@ from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.owners import KV_POOL
 from metrale_model_arch.registry import cache_specs
+from metrale_model_arch.sliding_window_ring import RingLayout
 
 T = TypeVar("T")
 _FIXED_DTYPES = {
@@ -48,10 +49,15 @@ def kv_cache_bytes_per_token(
     *,
     indexer_paged: bool = True,
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+    ring: RingLayout | None = None,
 ) -> int:
     """Bytes one token occupies across all layers' paged caches (``memory.kv_bytes_per_token``)."""
     return kv_bytes_per_token(
-        config, dtype.itemsize, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype
+        config,
+        dtype.itemsize,
+        indexer_paged=indexer_paged,
+        kv_cache_dtype=kv_cache_dtype,
+        ring=ring,
     )
 
 
@@ -105,13 +111,16 @@ def allocate_kv_cache(
     allocator: TensorAllocator = plain_allocator,
     indexer_paged: bool = True,
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+    ring: RingLayout | None = None,
 ) -> KvCachePool:
     """The KV pool of ``config``'s cache specs, from ``allocator`` under owner ``kv_pool``.
 
     For full and sliding attention each layer is ``(k_cache, v_cache)``, each ``(num_blocks,
     block_size, kv_heads, head_dim)`` (quantized, ``kv_cache_dtype``: one byte a value,
     ``head_dim + 2`` a row with its scale); MLA layers hold ``(latent,)`` of ``(num_blocks,
-    block_size, latent_dim)``, paged DSA layers add ``index_keys`` (float32).
+    block_size, latent_dim)``, paged DSA layers add ``index_keys`` (float32). With ``ring``, a
+    sliding-window layer held in a ring per sequence has nothing here (``()``; its ring is
+    state: ``allocate_state_slots``).
 
     NOTE: not zeroed. The attention ops never read a slot that was not written (their
     contract), and an untouched allocation stays out of resident memory until the cache
@@ -119,7 +128,9 @@ def allocate_kv_cache(
     """
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be > 0")
-    specs = cache_specs(config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype)
+    specs = cache_specs(
+        config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype, ring=ring
+    )
     groups = _group_layers([spec.paged() for spec in specs])
     device = torch.device(device)
     views: dict[tuple[PagedTensors, int], LayerCache] = {}
@@ -198,6 +209,15 @@ class StateSlots:
         for allocation in self.allocations:
             allocation[:, :, slot].zero_()
 
+    def copy(self, src: int, dst: int) -> None:
+        """Slot ``dst`` of every state tensor becomes slot ``src``'s (a forked sequence goes on
+        from its parent's state)."""
+        for slot in (src, dst):
+            if not 0 <= slot < self.num_slots:
+                raise IndexError(f"slot {slot} is outside 0..{self.num_slots - 1}")
+        for allocation in self.allocations:
+            allocation[:, :, dst] = allocation[:, :, src]
+
 
 def allocate_state_slots(
     config: ModelConfig,
@@ -208,16 +228,21 @@ def allocate_state_slots(
     device: torch.device | str,
     allocator: TensorAllocator = plain_allocator,
     indexer_paged: bool = True,
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+    ring: RingLayout | None = None,
 ) -> StateSlots:
     """The per-sequence state of ``config``'s cache specs for ``num_slots`` sequences.
 
     Each pool is allocated from ``allocator`` under its owner (``linear_state_pool`` with one
-    more dummy slot, ``per_sequence_state`` for a flat DSA indexer of ``max_seq_len`` tokens),
-    zeroed. A model without per-sequence state allocates nothing.
+    more dummy slot, ``per_sequence_state`` for a flat DSA indexer of ``max_seq_len`` tokens,
+    ``sliding_window_kv`` for the K/V rings of sliding-window layers with ``ring``), zeroed. A
+    model without per-sequence state allocates nothing.
     """
     if num_slots <= 0:
         raise ValueError(f"num_slots ({num_slots}) must be > 0")
-    specs: Sequence[LayerCacheSpec] = cache_specs(config, indexer_paged=indexer_paged)
+    specs: Sequence[LayerCacheSpec] = cache_specs(
+        config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype, ring=ring
+    )
     groups = _group_layers([spec.state(max_seq_len) for spec in specs])
     device = torch.device(device)
     views: dict[tuple[StateTensor, int], torch.Tensor] = {}

@@ -21,6 +21,8 @@ KV_POOL = "kv_pool"
 BUFFER_ARENA = "buffer_arena"
 PER_SEQUENCE_STATE = "per_sequence_state"
 LINEAR_STATE_POOL = "linear_state_pool"
+# Sliding-window layers' K/V held per sequence, a ring of the window and one step's tokens.
+SLIDING_WINDOW_KV = "sliding_window_kv"
 RUNTIME_HEADROOM = "runtime_headroom"
 # Images: the encoder's output cache (allocated once) and one encoder batch's activations
 # (transient, as the runtime headroom).

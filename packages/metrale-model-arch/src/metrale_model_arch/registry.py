@@ -62,6 +62,7 @@ from metrale_model_arch.families.qwen3_next import (
 )
 from metrale_model_arch.glm5_next_skeleton import Glm5NextTextSkeleton
 from metrale_model_arch.kv_cache_dtype import KvCacheDtype, quantized_kv_specs
+from metrale_model_arch.sliding_window_ring import RingLayout, ring_window_specs
 
 LLAMA = Architecture(
     model_type="llama",
@@ -130,6 +131,7 @@ GPT_OSS = Architecture(
     param_counts=gpt_oss_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
+    rings_sliding_window=True,
 )
 # Eager only (KDA state slots beside NoPE MLA over a paged latent, DeepSeek-V3's MoE).
 KIMI_LINEAR = Architecture(
@@ -161,6 +163,7 @@ DENSE_VARIANT = Architecture(
     gguf_names=None,
     param_counts=dense_variant_param_counts,
     cache_specs=attention_cache_specs,
+    rings_sliding_window=True,
 )
 # Eager only (M-RoPE positions), no int8 path; its vision tower owned (weights.vision). GGUF:
 # llama.cpp's qwen2vl text file, with its mmproj's tower beside it (``loading.mmproj_loader``).
@@ -193,6 +196,7 @@ GEMMA3 = Architecture(
     param_counts=gemma3_param_counts,
     cache_specs=attention_cache_specs,
     traits=SLIDING,
+    rings_sliding_window=True,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -265,11 +269,17 @@ def cache_specs(
     *,
     indexer_paged: bool,
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+    ring: RingLayout | None = None,
 ) -> tuple[LayerCacheSpec, ...]:
     """One cache spec per layer of ``config`` (see :mod:`metrale_model_arch.cache_spec`), its
-    K/V attention layers stored as ``kv_cache_dtype``."""
-    specs = planned_architecture(config).cache_specs(config, indexer_paged=indexer_paged)
-    return quantized_kv_specs(specs, kv_cache_dtype, config.model_type)
+    K/V attention layers stored as ``kv_cache_dtype``; with ``ring``, the sliding-window layers
+    of a type that rings them in a ring per sequence where that saves memory."""
+    record = planned_architecture(config)
+    specs = record.cache_specs(config, indexer_paged=indexer_paged)
+    specs = quantized_kv_specs(specs, kv_cache_dtype, config.model_type)
+    if ring is None or not record.rings_sliding_window:
+        return specs
+    return ring_window_specs(specs, ring)
 
 
 def param_counts(config: ModelConfig) -> ParamCounts:

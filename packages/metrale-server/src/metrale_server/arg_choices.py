@@ -9,9 +9,12 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 # would hide an error (on the CPU with the torch kernel backend only).
 EXACTNESS_DTYPE_NAME = "float64"
 # ``metrale_model_arch.QUANTIZATION_NAMES`` and ``auto``.
-QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4")
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "q4", "fp8")
 # ``metrale_model_arch.KV_CACHE_DTYPE_NAMES`` (vLLM's names; ``fp8`` is ``fp8_e4m3``).
 KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+# ``metrale_model_arch.SlidingWindowCache``: sliding-window layers' K/V in a ring per sequence,
+# or in the KV pool as full attention's.
+SLIDING_WINDOW_CACHE_CHOICES = ("ring", "full")
 # ``metrale_kernels.BACKEND_NAMES``.
 KERNEL_BACKEND_CHOICES = ("auto", "torch", "cpu", "cupy")
 # What the served model does: ``auto`` detects it from the model's files

@@ -9,6 +9,7 @@ from metrale_server.arg_choices import (
     KERNEL_BACKEND_CHOICES,
     KV_CACHE_DTYPE_CHOICES,
     QUANTIZATION_CHOICES,
+    SLIDING_WINDOW_CACHE_CHOICES,
     TASK_CHOICES,
 )
 from metrale_server.speculative_config import SpeculativeConfig
@@ -54,6 +55,9 @@ class EngineArgs:
     tower the engine serves (vLLM's ``--limit-mm-per-prompt '{"image": N}'``); 0 serves text
     only and leaves the tower unloaded. ``encoder_cache_tokens``: image tokens of encoder
     output kept for reuse (``None``: the larger of ``max_batch_tokens`` and one image's most).
+    ``sliding_window_cache``: ``ring`` (each sequence keeps only its window of a sliding-window
+    layer's K/V, in a ring beside its state slot, where the model's family runs it and it saves
+    memory; prefix caching is then off) or ``full`` (every token in the KV pool).
     """
 
     model: str | None = None
@@ -79,6 +83,7 @@ class EngineArgs:
     task: str = "auto"
     images_per_prompt: int = DEFAULT_IMAGES_PER_PROMPT
     encoder_cache_tokens: int | None = None
+    sliding_window_cache: str = "ring"
 
     def __attrs_post_init__(self) -> None:
         if self.task not in TASK_CHOICES:
@@ -92,6 +97,11 @@ class EngineArgs:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_CHOICES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.sliding_window_cache not in SLIDING_WINDOW_CACHE_CHOICES:
+            raise ValueError(
+                f"sliding_window_cache must be one of {', '.join(SLIDING_WINDOW_CACHE_CHOICES)}, "
+                f"got {self.sliding_window_cache!r}"
             )
         if self.kernel_backend not in KERNEL_BACKEND_CHOICES:
             raise ValueError(

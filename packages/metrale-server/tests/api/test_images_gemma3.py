@@ -19,7 +19,7 @@ import torch
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.families.gemma3.vision.preprocess import preprocess_images
 from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
-from metrale_model_arch.owners import ENCODER_CACHE, VISION
+from metrale_model_arch.owners import ENCODER_CACHE, SLIDING_WINDOW_KV, VISION
 from metrale_server import EngineArgs, build_engine
 from metrale_server.pooling.model_task import engine_model_config
 
@@ -148,7 +148,9 @@ def test_image_questions_are_answered_as_transformers_generates(
 
 def test_the_tower_and_encoder_cache_are_allocated_as_planned(server: Any) -> None:
     memory = server.client.get("/memory").json()
-    for owner in (ENCODER_CACHE, VISION):
+    # And the sliding layer's K/V rings (6-token window, 8-token steps): image prompts ran
+    # through them.
+    for owner in (ENCODER_CACHE, VISION, SLIDING_WINDOW_KV):
         assert memory["plan_by_owner"][owner] > 0
         assert memory["ledger_by_owner"][owner] == memory["plan_by_owner"][owner]
 

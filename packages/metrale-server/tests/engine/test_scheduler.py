@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from metrale_server.engine.block_manager import BlockManager
 from metrale_server.engine.scheduler import Scheduler, SchedulerConfig
 from metrale_server.engine.scheduler_step import SchedulerStep
@@ -138,3 +140,29 @@ def test_n_outputs_fork_when_the_prompt_completes_and_take_one_slot_each() -> No
     # the finished output gave back its blocks and slot: "late" is admitted into slot 1.
     assert decisions(third) == [("pair", 0, 7, 1, 1), ("single", 0, 3, 1, 1), ("late", 0, 0, 2, 1)]
     assert late.primary.slot == 1
+
+
+def test_a_per_sequence_step_cap_chunks_every_prompt_and_cuts_drafts() -> None:
+    # Sliding-window rings hold 5 tokens of a step: each sequence runs at most 5, drafts
+    # included, though the step's budget has room for more.
+    sched = Scheduler(
+        SchedulerConfig(max_batch_size=4, max_batch_tokens=64, max_seq_step_tokens=5),
+        BlockManager(32, 4, enable_prefix_caching=False),
+        proposer=lambda seqs, max_tokens: [(1, 2, 3, 4, 5, 6)] * len(seqs),
+    )
+    a, b = group("a", 12), group("b", 3)
+    b.primary.seq_id = 1  # drafts are keyed by sequence id
+    sched.add(a)
+    sched.add(b)
+    first = sched.schedule()
+    assert decisions(first) == [("a", 0, 0, 5, 0), ("b", 0, 0, 3, 1)]
+    run(sched, first)
+    second = sched.schedule()
+    # b decodes its token and 4 of its 6 drafts.
+    assert decisions(second) == [("a", 0, 5, 5, 0), ("b", 0, 3, 5, 1)]
+    assert second.chunks[1].num_draft_tokens == 4
+
+
+def test_a_step_cap_below_one_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="max_seq_step_tokens must be >= 1, got 0"):
+        SchedulerConfig(max_batch_size=1, max_batch_tokens=8, max_seq_step_tokens=0)

@@ -127,6 +127,7 @@ class VariantAttention(LlamaAttention):
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
+        metadata = metadata.for_window(self.sliding_window)
         if self.softcap is None:
             return super().attend(q, k, v, kv_cache, metadata)
         # No kernel backend soft-caps scores (SDPA cannot): the row-invariant torch path does.

@@ -44,6 +44,7 @@ from metrale_model_arch.memory.plan import (
     PER_SEQUENCE_STATE,
     ROPE_TABLE,
     RUNTIME_HEADROOM,
+    SLIDING_WINDOW_KV,
     MemoryPlan,
     MemoryPlanError,
     PlanInputs,
@@ -56,6 +57,10 @@ from metrale_model_arch.memory.seq_state_reserve import (
     drafts_with_dsa,
     per_sequence_state_bytes,
     proposer_buffers,
+)
+from metrale_model_arch.memory.sliding_window_kv import (
+    sliding_window_kv_bytes,
+    sliding_window_kv_bytes_per_slot,
 )
 from metrale_model_arch.memory.weights import (
     MTP,
@@ -82,6 +87,7 @@ __all__ = [
     "PER_SEQUENCE_STATE",
     "ROPE_TABLE",
     "RUNTIME_HEADROOM",
+    "SLIDING_WINDOW_KV",
     "VISION",
     "WEIGHT_OWNERS",
     "ArenaBuffer",
@@ -121,6 +127,8 @@ __all__ = [
     "proposer_buffers",
     "rope_table_bytes",
     "runtime_headroom_bytes",
+    "sliding_window_kv_bytes",
+    "sliding_window_kv_bytes_per_slot",
     "step_activation_bytes",
     "weight_bytes",
     "weight_owner",

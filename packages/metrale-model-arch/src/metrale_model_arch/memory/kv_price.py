@@ -10,6 +10,7 @@ from __future__ import annotations
 from metrale_config import ModelConfig
 from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.registry import cache_specs
+from metrale_model_arch.sliding_window_ring import RingLayout
 
 
 def kv_bytes_per_token(
@@ -18,10 +19,14 @@ def kv_bytes_per_token(
     *,
     indexer_paged: bool,
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
+    ring: RingLayout | None = None,
 ) -> int:
     """Bytes one token occupies across every layer's cache at ``dtype_bytes`` per value (K/V
-    layers stored as ``kv_cache_dtype``)."""
-    specs = cache_specs(config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype)
+    layers stored as ``kv_cache_dtype``; with ``ring``, the layers held in a ring per sequence
+    cost nothing per token)."""
+    specs = cache_specs(
+        config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype, ring=ring
+    )
     return sum(spec.paged_bytes_per_token(dtype_bytes) for spec in specs)
 
 

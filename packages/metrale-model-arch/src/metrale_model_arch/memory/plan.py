@@ -35,6 +35,7 @@ from metrale_model_arch.memory.kv_price import kv_bytes_per_token
 from metrale_model_arch.memory.linear_state import linear_state_pool_bytes
 from metrale_model_arch.memory.rope_table import rope_table_bytes
 from metrale_model_arch.memory.seq_state_reserve import PerSequenceState, per_sequence_state_bytes
+from metrale_model_arch.memory.sliding_window_kv import sliding_window_kv_bytes
 from metrale_model_arch.memory.spec_rollback import spec_checkpoint_reserve_bytes
 from metrale_model_arch.memory.weights import WeightBytes, weight_bytes
 from metrale_model_arch.owners import (
@@ -49,8 +50,11 @@ from metrale_model_arch.owners import (
     PROPOSER_STATE,
     ROPE_TABLE,
     RUNTIME_HEADROOM,
+    SLIDING_WINDOW_KV,
     SPEC_STATE_SNAPSHOT,
 )
+from metrale_model_arch.registry import cache_specs
+from metrale_model_arch.sliding_window_ring import RingLayout, SlidingWindowCache, ring_specs_of
 from metrale_model_arch.weight_format import Quantization
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "PER_SEQUENCE_STATE",
     "ROPE_TABLE",
     "RUNTIME_HEADROOM",
+    "SLIDING_WINDOW_KV",
     "MemoryPlan",
     "MemoryPlanError",
     "PlanInputs",
@@ -96,8 +101,8 @@ class PlanInputs:
     max_batch_size: int | None = 8
     max_batch_tokens: int = 2048
     num_kv_blocks: int | None = None
-    # At most this many bytes of KV pool (``None``: whatever the budget leaves), yet always
-    # room for one ``max_seq_len`` sequence.
+    # At most this many bytes of KV pool and sliding-window rings (``None``: whatever the
+    # budget leaves), yet always room for one ``max_seq_len`` sequence.
     kv_cache_max_bytes: int | None = None
     spec_on: bool = False
     indexer_paged: bool = True
@@ -112,10 +117,24 @@ class PlanInputs:
     mtp: bool = False
     # Images served through the model's vision tower: its output cache and batch activations.
     encoder: EncoderInputs | None = None
+    # Sliding-window layers in a ring per sequence (``ring``) or in the KV pool (``full``).
+    sliding_window_cache: SlidingWindowCache = SlidingWindowCache.RING
 
     @property
     def budget_bytes(self) -> int:
         return int(self.total_bytes * self.gpu_memory_utilization)
+
+    @property
+    def ring(self) -> RingLayout | None:
+        """How sliding-window rings would be sized (``None``: the lever keeps them in the
+        pool); the plan decides whether they pay (``MemoryPlan.ring``)."""
+        if self.sliding_window_cache is SlidingWindowCache.FULL:
+            return None
+        return RingLayout(
+            block_size=self.block_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_seq_len=self.max_seq_len,
+        )
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -143,6 +162,10 @@ class MemoryPlan:
     encoder_activation_bytes: int = 0
     # Speculation over per-sequence state: each slot's checkpoint (``spec_state_snapshot``).
     spec_snapshot_bytes: int = 0
+    # The sliding-window layers' K/V rings, every slot's (``sliding_window_kv``), and how
+    # they are sized; ``None`` with the layers in the KV pool.
+    sliding_window_kv_bytes: int = 0
+    ring: RingLayout | None = None
 
     @property
     def budget_bytes(self) -> int:
@@ -228,6 +251,8 @@ def _reserve_terms(plan: MemoryPlan) -> dict[str, int]:
         terms[PROPOSER_STATE] = plan.per_sequence.proposer * batch
     if plan.spec_snapshot_bytes:
         terms[SPEC_STATE_SNAPSHOT] = plan.spec_snapshot_bytes
+    if plan.sliding_window_kv_bytes:
+        terms[SLIDING_WINDOW_KV] = plan.sliding_window_kv_bytes
     if plan.inputs.draft is not None:
         terms[DRAFT_MODEL] = plan.draft_model_bytes
     if plan.inputs.encoder is not None:
@@ -258,6 +283,32 @@ def plan_memory(config: ModelConfig, inputs: PlanInputs) -> MemoryPlan:
 
 
 def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> MemoryPlan:
+    """The plan at ``max_batch_size`` slots, with sliding-window rings where they pay: where
+    the KV pool then holds more tokens than with every layer in it (or as many, in less
+    memory). Rings cost every slot its window whatever its length, so at many slots of short
+    sequences the pool is the better home."""
+    ring = inputs.ring
+    if ring is None or not ring_specs_of(
+        cache_specs(config, indexer_paged=inputs.indexer_paged, ring=ring)
+    ):
+        return _plan_with(config, inputs, max_batch_size, None)
+    try:
+        pooled = _plan_with(config, inputs, max_batch_size, None)
+    except MemoryPlanError:
+        return _plan_with(config, inputs, max_batch_size, ring)
+    try:
+        ringed = _plan_with(config, inputs, max_batch_size, ring)
+    except MemoryPlanError:
+        return pooled
+    rings_pay = ringed.max_kv_tokens > pooled.max_kv_tokens or (
+        ringed.max_kv_tokens == pooled.max_kv_tokens and ringed.used_bytes < pooled.used_bytes
+    )
+    return ringed if rings_pay else pooled
+
+
+def _plan_with(
+    config: ModelConfig, inputs: PlanInputs, max_batch_size: int, ring: RingLayout | None
+) -> MemoryPlan:
     budget = inputs.budget_bytes
     weights = weight_bytes(config, inputs.dtype_bytes, inputs.quantization)
     rope = rope_table_bytes(config, inputs.max_seq_len)
@@ -274,6 +325,7 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         inputs.dtype_bytes,
         indexer_paged=inputs.indexer_paged,
         kv_cache_dtype=inputs.kv_cache_dtype,
+        ring=ring,
     )
     plan = MemoryPlan(
         inputs=inputs,
@@ -292,6 +344,18 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             dtype_bytes=inputs.dtype_bytes,
         ),
         linear_state_pool_bytes=linear_state_pool_bytes(config, max_batch_size, inputs.dtype_bytes),
+        sliding_window_kv_bytes=(
+            0
+            if ring is None
+            else sliding_window_kv_bytes(
+                config,
+                max_batch_size,
+                inputs.dtype_bytes,
+                ring,
+                kv_cache_dtype=inputs.kv_cache_dtype,
+            )
+        ),
+        ring=ring,
         buffer_arena_bytes=buffer_arena_bytes(
             config,
             max_batch_tokens=inputs.max_batch_tokens,
@@ -336,8 +400,13 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
             term="weights",
         )
     kv_room = budget - plan.pre_kv_bytes - plan.reserve_bytes
-    blocks_fit = max(kv_room, 0) // plan.block_bytes
     blocks_per_seq = inputs.blocks_per_sequence
+    if plan.block_bytes:
+        blocks_fit = max(kv_room, 0) // plan.block_bytes
+    elif kv_room >= 0:  # every layer in a ring: blocks cost nothing, as many as can be used
+        blocks_fit = max(max_batch_size * blocks_per_seq, inputs.num_kv_blocks or 0)
+    else:
+        blocks_fit = 0
     if blocks_fit < blocks_per_seq:
         term, size = max(_reserve_terms(plan).items(), key=lambda item: item[1])
         raise MemoryPlanError(
@@ -361,8 +430,10 @@ def _plan_at(config: ModelConfig, inputs: PlanInputs, max_batch_size: int) -> Me
         kv_blocks = inputs.num_kv_blocks
     else:
         kv_blocks = min(blocks_fit, max_batch_size * blocks_per_seq)
-        if inputs.kv_cache_max_bytes is not None:
-            cap_blocks = max(inputs.kv_cache_max_bytes // plan.kv_block_bytes, blocks_per_seq)
+        if inputs.kv_cache_max_bytes is not None and plan.kv_block_bytes:
+            # The sliding-window rings are K/V too: the cap holds them and the pool together.
+            pool_cap = max(inputs.kv_cache_max_bytes - plan.sliding_window_kv_bytes, 0)
+            cap_blocks = max(pool_cap // plan.kv_block_bytes, blocks_per_seq)
             kv_blocks = min(kv_blocks, cap_blocks)
     return attrs.evolve(plan, kv_blocks=kv_blocks)
 

@@ -19,6 +19,7 @@ from metrale_server.arg_choices import (
     KERNEL_BACKEND_CHOICES,
     KV_CACHE_DTYPE_CHOICES,
     QUANTIZATION_CHOICES,
+    SLIDING_WINDOW_CACHE_CHOICES,
     TASK_CHOICES,
 )
 from metrale_server.args import EngineArgs
@@ -59,6 +60,7 @@ class PlanOptions:
     dtype: str
     quantization: str
     kv_cache_dtype: str
+    sliding_window_cache: str
     device: str
     speculative_config: SpeculativeConfig | None
     tensor_parallel_size: int
@@ -92,6 +94,7 @@ class PlanOptions:
                 "task": self.task,
                 "images_per_prompt": self.limit_mm_per_prompt,
                 "encoder_cache_tokens": self.encoder_cache_tokens,
+                "sliding_window_cache": self.sliding_window_cache,
                 **fields,
             },
         )
@@ -228,6 +231,17 @@ def plan_options(command: F) -> F:
             "(= fp8_e4m3), fp8_e5m2 (lossy, asked for only): one byte a value and a float16 "
             "scale per token and kv head, so the same budget holds ~2x the tokens of bfloat16 "
             "(~3.9x those of float32). Not for MLA latent caches (GLM-5.3).",
+        ),
+        click.option(
+            "--sliding-window-cache",
+            type=click.Choice(SLIDING_WINDOW_CACHE_CHOICES),
+            default=_DEFAULTS.sliding_window_cache,
+            show_default=True,
+            help="Where sliding-window layers keep their K/V. ring: each sequence holds only its "
+            "window (and one step's tokens) in a ring of its own, so the KV pool prices those "
+            "layers at nothing and holds several times the tokens (gemma2, gemma3, gpt-oss and "
+            "the other dense variants; prefill is chunked to fit the ring, prefix caching is "
+            "off). full: every token in the KV pool, as full attention.",
         ),
         click.option(
             "--enable-prefix-caching/--no-enable-prefix-caching",

@@ -455,7 +455,8 @@ def _prefix_caching_note(engine: Engine) -> str:
         return ", prefix caching on"
     if engine.args.enable_prefix_caching and engine.core.has_sequence_state:
         return (
-            ", prefix caching off (the model keeps per-sequence state a cached prefix would skip)"
+            ", prefix caching off (the model keeps per-sequence state a cached prefix would skip: "
+            "linear-attention state, sliding-window K/V rings)"
         )
     return ""
 

@@ -128,7 +128,9 @@ class EngineCore:
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_batch_size=self.max_batch_size, max_batch_tokens=self.args.max_batch_tokens
+                max_batch_size=self.max_batch_size,
+                max_batch_tokens=self.args.max_batch_tokens,
+                max_seq_step_tokens=self.runner.ring_step_cap,
             ),
             self.block_manager,
             proposer=None if self.args.speculative_config is None else self._propose,
@@ -316,6 +318,12 @@ class EngineCore:
             raise RequestError("prompt_logprobs: not supported with tensor_parallel_size > 1 yet")
         if params.n > self.max_batch_size:
             raise RequestError(f"n ({params.n}) exceeds max_batch_size ({self.max_batch_size})")
+        if params.n > 1 and self.has_sequence_state and self.runner.world_size > 1:
+            raise RequestError(
+                f"n ({params.n}) > 1: forking {self.loaded.config.model_type}'s per-sequence "
+                "state on every rank is not built yet (--sliding-window-cache full keeps "
+                "sliding-window layers in the KV pool)"
+            )
         blocks_per_seq = -(-num_tokens // self.block_size)
         if params.n * blocks_per_seq > self.num_kv_blocks:
             raise RequestError(

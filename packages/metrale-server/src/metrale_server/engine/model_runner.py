@@ -22,6 +22,9 @@ from metrale_model_arch import (
 from metrale_model_arch.kv_cache import allocate_state_slots
 from metrale_model_arch.memory import BUFFER_ARENA, arena_buffers
 from metrale_model_arch.parallel import gather_vocab_logits
+from metrale_model_arch.registry import cache_specs
+from metrale_model_arch.ring_kv_cache import layer_caches_with_rings, ring_windows
+from metrale_model_arch.sliding_window_ring import RingLayout, ring_step_cap
 from metrale_server.engine.block_table import PersistentBlockTable
 from metrale_server.engine.image_step import ImageStep
 from metrale_server.engine.prompt_reads import (
@@ -33,6 +36,7 @@ from metrale_server.engine.prompt_reads import (
     pool_rows,
     read_prompts,
 )
+from metrale_server.engine.ring_views import with_ring_views
 from metrale_server.engine.scheduler_step import SchedulerStep
 from metrale_server.engine.sequence import Sequence
 from metrale_server.engine.step_inputs import StepInputs
@@ -90,9 +94,12 @@ class ModelRunner:
         kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
         workers: WorkerChannel | None = None,
         keep_hidden: bool = False,
+        ring: RingLayout | None = None,
     ) -> None:
         """``keep_hidden``: each step's result carries the step's final hidden states (what
-        the MTP proposer reads); off, the step keeps none."""
+        the MTP proposer reads); off, the step keeps none. ``ring``: sliding-window layers keep
+        their K/V in a ring per state slot where that saves memory (``ring_step_cap`` is then
+        the most tokens a sequence may run in one step)."""
         self.loaded = loaded
         self.keep_hidden = keep_hidden
         # Rank 0 of a tensor-parallel group sends each step's inputs to ``workers``.
@@ -113,9 +120,11 @@ class ModelRunner:
             allocator=allocator,
             indexer_paged=indexer_paged,
             kv_cache_dtype=kv_cache_dtype,
+            ring=ring,
         )
-        # Per-sequence state that is not paged (linear attention, a flat indexer), one slot per
-        # state slot of the scheduler; nothing for a model without such layers.
+        # Per-sequence state that is not paged (linear attention, a flat indexer, the K/V rings
+        # of sliding-window layers), one slot per state slot of the scheduler; nothing for a
+        # model without such layers.
         self.seq_states = allocate_state_slots(
             rank_config,
             num_slots=max_batch_size,
@@ -124,7 +133,16 @@ class ModelRunner:
             device=loaded.device,
             allocator=allocator,
             indexer_paged=indexer_paged,
+            kv_cache_dtype=kv_cache_dtype,
+            ring=ring,
         )
+        specs = cache_specs(
+            rank_config, indexer_paged=indexer_paged, kv_cache_dtype=kv_cache_dtype, ring=ring
+        )
+        # What each layer's attention reads: the pool's caches, or its ring's.
+        self.layer_caches = layer_caches_with_rings(self.kv_caches, self.seq_states, specs)
+        self.ring_windows = ring_windows(specs)
+        self.ring_step_cap = ring_step_cap(specs)
         dtypes = {"int64": torch.int64, "model": loaded.dtype}
         arena = {
             buffer.name: allocator(BUFFER_ARENA, buffer.shape, dtypes[buffer.dtype], self.device)
@@ -192,6 +210,9 @@ class ModelRunner:
                 first = len(token_ids) - 1 - chunk.num_draft_tokens
                 logits_indices += range(first, len(token_ids))
             rows.append(self.block_tables.sync(seq))
+            # Siblings forked in this step: their rows now, their state after the forward.
+            for sibling in chunk.samplers[1:]:
+                self.block_tables.sync(sibling)
             query_lens.append(chunk.num_new_tokens)
             seq_lens.append(end)
         for slot in self.block_tables.flush():
@@ -253,9 +274,23 @@ class ModelRunner:
             block_copies=step.block_copies,
         )
         if self.workers is None:
-            return self._run_and_read(inputs, metadata, reads, embeds)
-        with self.workers.step(inputs.to_host()):
-            return self._run_and_read(inputs, metadata, reads, embeds)
+            result = self._run_and_read(inputs, metadata, reads, embeds)
+        else:
+            with self.workers.step(inputs.to_host()):
+                result = self._run_and_read(inputs, metadata, reads, embeds)
+        self._copy_forked_state(step)
+        return result
+
+    def _copy_forked_state(self, step: SchedulerStep) -> None:
+        """Each sibling forked in ``step`` starts from its parent's per-sequence state (the
+        prompt's rings, linear state) as the step left it."""
+        if not self.seq_states.allocations:
+            return
+        for chunk in step.chunks:
+            for sibling in chunk.samplers[1:]:
+                assert chunk.seq.slot is not None
+                assert sibling.slot is not None
+                self.seq_states.copy(chunk.seq.slot, sibling.slot)
 
     def _run_and_read(
         self,
@@ -296,8 +331,8 @@ class ModelRunner:
         hidden: torch.Tensor = self.loaded.model(
             inputs.input_ids,
             inputs.positions,
-            self.kv_caches,
-            metadata,
+            self.layer_caches,
+            with_ring_views(metadata, self.ring_windows),
             self.seq_states,
             **image_rows,
         )

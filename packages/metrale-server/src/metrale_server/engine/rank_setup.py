@@ -99,6 +99,7 @@ def build_runner(
         indexer_paged=plan.inputs.indexer_paged,
         kv_cache_dtype=plan.inputs.kv_cache_dtype,
         keep_hidden=args.speculative_config is not None and args.speculative_config.is_mtp,
+        ring=plan.ring,
     )
     runner.image_step = image_step(loaded, plan, ledger)
     return runner

@@ -16,16 +16,27 @@ from metrale_server.engine.state_slots import StateSlots
 
 @attrs.frozen(kw_only=True)
 class SchedulerConfig:
-    """``max_batch_size`` running sequences at most; ``max_batch_tokens`` tokens per step."""
+    """``max_batch_size`` running sequences at most; ``max_batch_tokens`` tokens per step;
+    ``max_seq_step_tokens``, when set, tokens per sequence per step (drafts included: a model
+    whose sliding-window rings hold one step's tokens)."""
 
     max_batch_size: int
     max_batch_tokens: int
+    max_seq_step_tokens: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.max_seq_step_tokens is not None and self.max_seq_step_tokens < 1:
+            raise ValueError(f"max_seq_step_tokens must be >= 1, got {self.max_seq_step_tokens}")
+
+    def seq_budget(self, budget: int) -> int:
+        """What one sequence may take of the step's remaining ``budget``."""
+        if self.max_seq_step_tokens is None:
+            return budget
+        return min(budget, self.max_seq_step_tokens)
 
 
 class Scheduler:
@@ -98,10 +109,11 @@ class Scheduler:
             group_copies: list[tuple[int, int]] = []
             is_preempted = False
             for seq in group.unfinished_seqs():
-                num_new = seq.chunk_size(budget)
+                seq_budget = self.config.seq_budget(budget)
+                num_new = seq.chunk_size(seq_budget)
                 if num_new == 0:
                     break
-                seq.draft_token_ids = drafts.get(seq.seq_id, ())[: budget - 1]
+                seq.draft_token_ids = drafts.get(seq.seq_id, ())[: seq_budget - 1]
                 num_new += len(seq.draft_token_ids)
                 while not self.block_manager.can_append_slots(seq, num_new):
                     if seq.draft_token_ids:  # drafts are the first thing to give up
@@ -138,7 +150,7 @@ class Scheduler:
             self.running.append(group)
             for seq in group.unfinished_seqs():
                 seq.status = SequenceStatus.RUNNING
-                num_new = seq.chunk_size(budget)
+                num_new = seq.chunk_size(self.config.seq_budget(budget))
                 if num_new == 0:
                     continue
                 copies += self.block_manager.append_slots(seq, num_new)

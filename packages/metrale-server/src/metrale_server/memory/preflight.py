@@ -33,6 +33,8 @@ from metrale_model_arch.memory import (
     plan_memory,
 )
 from metrale_model_arch.parallel import shard_config
+from metrale_model_arch.registry import cache_specs
+from metrale_model_arch.sliding_window_ring import SlidingWindowCache, ring_specs_of
 from metrale_server.args import CPU_KV_CACHE_DEFAULT_GIB, DEFAULT_BLOCK_SIZE, EngineArgs
 from metrale_server.devices import resolve_quantization
 from metrale_server.memory.host_memory import host_total_memory_bytes
@@ -131,6 +133,7 @@ def plan_inputs(
         kv_cache_dtype=KvCacheDtype.parse(args.kv_cache_dtype),
         draft=draft,
         encoder=encoder_inputs(args, config),
+        sliding_window_cache=SlidingWindowCache.parse(args.sliding_window_cache),
     )
 
 
@@ -275,6 +278,15 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
             f"Linear-attention state pool: {_mb(plan.linear_state_pool_bytes)} MiB = "
             f"{plan.max_batch_size + 1} slots (one dummy) of recurrent + conv state"
         )
+    if plan.sliding_window_kv_bytes > 0:
+        lines.append(_sliding_window_kv_line(plan, config))
+    elif inputs.ring is not None and ring_specs_of(
+        cache_specs(config, indexer_paged=inputs.indexer_paged, ring=inputs.ring)
+    ):
+        lines.append(
+            "Sliding-window layers: in the KV pool (rings for "
+            f"{max(plan.max_batch_size, 1)} slots would hold no more tokens in the budget)"
+        )
     if inputs.draft is not None:
         draft = inputs.draft
         lines.append(
@@ -316,6 +328,25 @@ def plan_log_lines(plan: MemoryPlan, config: ModelConfig) -> list[str]:
         f"KV tokens ({plan.kv_bytes_per_token} B/token{_kv_format_note(inputs)})"
     )
     return lines
+
+
+def _sliding_window_kv_line(plan: MemoryPlan, config: ModelConfig) -> str:
+    inputs = plan.inputs
+    specs = cache_specs(
+        config,
+        indexer_paged=inputs.indexer_paged,
+        kv_cache_dtype=inputs.kv_cache_dtype,
+        ring=plan.ring,
+    )
+    rings = ring_specs_of(specs)
+    first = rings[0]
+    return (
+        f"Sliding-window K/V rings: {_mb(plan.sliding_window_kv_bytes)} MiB = "
+        f"{max(plan.max_batch_size, 1)} seq x {len(rings)} layers x {first.ring_tokens} tokens "
+        f"(window {first.sliding_window} + {first.step_tokens} a step, prefill chunked to "
+        f"{first.step_tokens}); those layers cost nothing in the KV pool "
+        "(--sliding-window-cache full keeps them there)"
+    )
 
 
 def _mb(num_bytes: int) -> str:

@@ -57,8 +57,18 @@ def with_image_spans(
         spans.append(_runs(rows, seq_len - query_len, seq) if query_len > 1 else ())
     if not any(spans):
         return metadata
+    return _with_spans(metadata, tuple(spans))
+
+
+def _with_spans(
+    metadata: AttentionMetadata, spans: tuple[tuple[Span, ...], ...]
+) -> ImagePromptMetadata:
+    """``metadata`` and its window views (sliding-window rings), each with ``spans``."""
     fields = {f.name: getattr(metadata, f.name) for f in attrs.fields(AttentionMetadata) if f.init}
-    return ImagePromptMetadata(**fields, image_spans=tuple(spans))
+    fields["window_views"] = {
+        window: _with_spans(view, spans) for window, view in metadata.window_views.items()
+    }
+    return ImagePromptMetadata(**fields, image_spans=spans)
 
 
 def _runs(is_image: Sequence[bool], first_position: int, seq: int) -> tuple[Span, ...]:

@@ -48,6 +48,8 @@ class Gemma3Attention(VariantAttention):
     ) -> torch.Tensor:
         if not isinstance(metadata, ImagePromptMetadata):
             return super().attend(q, k, v, kv_cache, metadata)
+        metadata = metadata.for_window(self.sliding_window)
+        assert isinstance(metadata, ImagePromptMetadata)  # its window views carry the spans
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         return image_prompt_attention(

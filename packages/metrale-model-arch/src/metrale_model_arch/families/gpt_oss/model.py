@@ -46,6 +46,7 @@ class SinkAttention(LlamaAttention):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
+        metadata = metadata.for_window(self.sliding_window)
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         return row_invariant_attention(
             q, k_cache, v_cache, metadata, self.scale, self.sliding_window, sinks=self.sinks
