@@ -115,6 +115,7 @@ FORMATS = {
     "gptq-g32": Format("gptq-g32", "float32", "q4", int4=("gptq", 32, True)),
     "fp8": Format("fp8", "float32", "none", fp8_block=(128, 128)),
     "fp8-cal": Format("fp8-cal", "float32", "none", fp8_block=(128, 128), is_calibrated=True),
+    "fp8-online": Format("fp8-online", "float32", "fp8"),
     "kv-int8": Format("kv-int8", "float32", "none", kv_cache_dtype="int8"),
     "kv-fp8": Format("kv-fp8", "float32", "none", kv_cache_dtype="fp8_e4m3"),
     "kv-fp8-e5m2": Format("kv-fp8-e5m2", "float32", "none", kv_cache_dtype="fp8_e5m2"),
@@ -202,9 +203,20 @@ def make_llm(fmt: Format, scratch: Path) -> LLM:
         )
     if fmt.fp8_block is not None:
         return LLM(model=str(write_fp8(fmt, scratch)), dtype=fmt.dtype)
+    if fmt.quantization == "fp8":
+        return fp8_online_llm(fmt, scratch)
     if fmt.int4 is None:
         return LLM(model=None, dtype=fmt.dtype, **quantization_kwargs(fmt.quantization))
     return LLM(model=str(write_int4(fmt, scratch)), dtype=fmt.dtype, quantization=fmt.quantization)
+
+
+def fp8_online_llm(fmt: Format, scratch: Path) -> LLM:
+    """``--quantization fp8`` (W8A8: fp8 weights per channel, activations fp8 per token) of the
+    fp32 weights, written as a float32 safetensors directory first: fp8 refuses the Q4_1 GGUF."""
+    from fp8_speed import write_float_checkpoint
+
+    model = write_float_checkpoint(scratch / fmt.name, torch.float32)
+    return LLM(model=str(model), dtype=fmt.dtype, quantization=fmt.quantization)
 
 
 def write_fp8(fmt: Format, scratch: Path) -> Path:

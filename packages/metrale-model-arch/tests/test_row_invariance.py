@@ -126,8 +126,20 @@ def native_or_skip() -> None:
         (Quantization.INT8, "torch", torch.float32),
         (Quantization.INT8, "cpu", torch.float32),
         (Quantization.Q4, "cpu", torch.float32),
+        (Quantization.FP8, "torch", torch.float32),
+        (Quantization.FP8, "torch", torch.bfloat16),
     ],
-    ids=["fp32-torch", "fp32-cpu", "bf16-torch", "bf16-cpu", "int8-torch", "int8-cpu", "q4-cpu"],
+    ids=[
+        "fp32-torch",
+        "fp32-cpu",
+        "bf16-torch",
+        "bf16-cpu",
+        "int8-torch",
+        "int8-cpu",
+        "q4-cpu",
+        "fp8-torch",
+        "fp8-bf16-torch",
+    ],
 )
 @pytest.mark.parametrize("changes", [{}, {"sliding_window": 6}, MOE], ids=["full", "window", "moe"])
 def test_a_tokens_logits_are_the_same_in_every_step_shape(

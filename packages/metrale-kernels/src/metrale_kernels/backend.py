@@ -15,6 +15,7 @@ from metrale_kernels.op import Kernel, Op, resolve_ops, served_by_reference
 from metrale_kernels.reference import (
     attention,
     dsa,
+    fp8_matmul,
     int8_matmul,
     kda,
     llama_layer,
@@ -47,6 +48,7 @@ class KernelBackend:
     silu_and_mul = Op(pointwise.silu_and_mul)
     int8_linear = Op(int8_matmul.int8_linear)
     q4_linear = Op(q4_matmul.q4_linear)
+    fp8_linear = Op(fp8_matmul.fp8_linear)
     write_kv = Op(paged_attention.write_kv)
     paged_attention = Op(attention.paged_attention)
     softmax_topk_routing = Op(moe_routing.softmax_topk_routing)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -14,10 +14,12 @@ from metrale_kernels import get_backend
 from metrale_model_arch.allocator import TensorAllocator
 from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.checkpoint_mapping import CheckpointMapping, Skip, TensorTarget
+from metrale_model_arch.families.fp8_layers import Fp8Linear, swap_in_fp8
 from metrale_model_arch.families.int4_layers import order_q4_inputs
 from metrale_model_arch.families.int8_layers import Int8Rows, swap_in_int8, tie_int8_heads
 from metrale_model_arch.families.q4_layers import Q4Linear, swap_in_q4
 from metrale_model_arch.families.row_invariant_layers import make_float_linears_row_invariant
+from metrale_model_arch.fp8_rows import Fp8Rows
 from metrale_model_arch.int4_format import has_input_order
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
@@ -107,7 +109,7 @@ class _Coverage:
 
 def build_model(
     config: ModelConfig,
-    weights: Iterable[tuple[str, torch.Tensor | Q4_1Blocks]],
+    weights: Iterable[tuple[str, torch.Tensor | Q4_1Blocks | Fp8Rows]],
     options: LoadOptions = DEFAULT_LOAD_OPTIONS,
     *,
     mapping: CheckpointMapping | None = None,
@@ -131,6 +133,10 @@ def build_model(
     ``ValueError``. With ``q4``, the same projections but the head are 4-bit blocks
     (:mod:`~metrale_model_arch.families.q4_layers`), the embeddings and the head int8; a
     projection the blocks cannot tile (a rank's part of it, when split) raises ``ValueError``.
+    With ``fp8``, the same projections but the head are float8_e4m3fn per output channel
+    (:mod:`~metrale_model_arch.families.fp8_layers`), an fp8 checkpoint's rows
+    (``Fp8Rows``) moved in as they are; the embeddings and the head stay in ``dtype``; one
+    rank only (a split raises ``ValueError``).
     With a ``shard`` of a world over one rank, the model is that rank's part
     (:mod:`~metrale_model_arch.parallel`): built from ``shard_config``, with its collective
     layers swapped in (quantized ones too), from ``weights`` narrowed to the shard as they stream
@@ -147,9 +153,13 @@ def build_model(
     rank_config = shard_config(config, shard.world_size) if shard is not None else config
     if is_split:
         assert shard is not None
+        if quantization == Quantization.FP8:
+            raise ValueError("--quantization fp8 runs on one rank, not split over several")
         check_runs_split(config, shard.world_size)
         if not is_sharded:
-            weights = shard_checkpoint(weights, config, shard)
+            # No Fp8Rows here: fp8 checkpoints are refused split (``quantized_checkpoint_error``).
+            floats = cast("Iterable[tuple[str, torch.Tensor | Q4_1Blocks]]", weights)
+            weights = shard_checkpoint(floats, config, shard)
     target_of = mapping or record.checkpoint_mapping(rank_config)
     with torch.device("meta"), _no_weight_init():
         model = record.module(
@@ -160,8 +170,15 @@ def build_model(
         if is_split:
             assert shard is not None
             apply_tensor_parallel(model, shard)
-        int8_rows: dict[str, Int8Rows | Q4Linear] = {}
-        if quantization in (Quantization.INT8, Quantization.Q4):
+        int8_rows: dict[str, Int8Rows | Q4Linear | Fp8Linear] = {}
+        if quantization == Quantization.FP8:
+            if not record.int8_linears:
+                raise ValueError(
+                    f"{config.model_type}: --quantization fp8 is not supported for this model "
+                    "type yet; use quantization 'none'"
+                )
+            int8_rows.update(swap_in_fp8(model, record.int8_linears - {HEAD}, model.backend))
+        elif quantization in (Quantization.INT8, Quantization.Q4):
             if not record.int8_linears:
                 raise ValueError(
                     f"{config.model_type}: {quantization} weights are not supported for this "
@@ -212,12 +229,9 @@ def build_model(
             if target.param not in allocated:
                 rows.allocate(allocator, weight_owner(target.param), device)
                 allocated.add(target.param)
-            if isinstance(rows, Q4Linear):
-                rows.write_rows(target.index, tensor)
-            else:
-                rows.write_rows(target.index, dense(tensor))
+            _write_stand_in(rows, target.index, tensor)
             continue
-        tensor = dense(tensor)
+        tensor = _dense(tensor)
         data = loaded.get(target.param)
         if data is None:
             data = _allocate(
@@ -244,7 +258,7 @@ def build_model(
     tie_int8_heads(model)
     for name, buffer in list(model.named_buffers()):
         module_name, _, leaf = name.rpartition(".")
-        if isinstance(model.get_submodule(module_name), (Int8Rows, Q4Linear)):
+        if isinstance(model.get_submodule(module_name), (Int8Rows, Q4Linear, Fp8Linear)):
             continue  # allocated and filled while loading
         owner = ROPE_TABLE if leaf == ROPE_TABLE_BUFFER else weight_owner(name)
         table = allocator(owner, tuple(buffer.shape), buffer.dtype, device)
@@ -273,8 +287,30 @@ def column_major_names(model: nn.Module) -> set[str]:
     }
 
 
+def _dense(tensor: torch.Tensor | Q4_1Blocks | Fp8Rows) -> torch.Tensor:
+    return tensor.dequantize() if isinstance(tensor, Fp8Rows) else dense(tensor)
+
+
+def _write_stand_in(
+    rows: Int8Rows | Q4Linear | Fp8Linear,
+    index: tuple[int | slice, ...],
+    tensor: torch.Tensor | Q4_1Blocks | Fp8Rows,
+) -> None:
+    """A quantized stand-in's rows ``index`` from ``tensor``: its own format's blocks or rows
+    as they are, anything else as floats."""
+    if isinstance(rows, Fp8Linear):
+        rows.write_rows(index, tensor if isinstance(tensor, Fp8Rows) else dense(tensor))
+    elif isinstance(rows, Q4Linear):
+        rows.write_rows(index, tensor if isinstance(tensor, Q4_1Blocks) else _dense(tensor))
+    else:
+        rows.write_rows(index, _dense(tensor))
+
+
 def _check_shape(
-    name: str, tensor: torch.Tensor | Q4_1Blocks, target: TensorTarget, shape: torch.Size
+    name: str,
+    tensor: torch.Tensor | Q4_1Blocks | Fp8Rows,
+    target: TensorTarget,
+    shape: torch.Size,
 ) -> None:
     if len(target.index) > len(shape):
         raise CheckpointError(

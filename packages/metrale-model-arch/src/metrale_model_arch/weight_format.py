@@ -9,6 +9,12 @@ token, and the CPU's int8 dot products. Norms, biases and the KV cache stay in t
 (GGUF's Q4_1, :mod:`metrale_kernels.reference.q4_matmul`; a Q4_1 GGUF's blocks are kept bit
 for bit, an AWQ/GPTQ int4 checkpoint's repacked, :mod:`metrale_model_arch.int4_blocks`), 5 bits
 a weight; the embeddings and the head int8 as above.
+``fp8``: the layers' projections float8_e4m3fn with a float32 scale per output channel, times
+activations quantized to fp8 per token as each call runs (W8A8, vLLM's ``--quantization fp8``:
+:mod:`metrale_kernels.reference.fp8_matmul`, ``torch._scaled_mm``); the embeddings, the head
+and the norms in the serve dtype. A float checkpoint is quantized at load, an fp8 checkpoint
+per channel or per tensor keeps its weights as stored, a block-scaled one is requantized per
+channel (:mod:`metrale_model_arch.fp8_rows`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = [
     "FLOAT32_BYTES",
     "QUANTIZATION_NAMES",
     "Quantization",
+    "fp8_matrix_bytes",
     "int8_matrix_bytes",
     "q4_matrix_bytes",
     "q4_shape_error",
@@ -35,6 +42,7 @@ class Quantization(enum.StrEnum):
     NONE = "none"
     INT8 = "int8"
     Q4 = "q4"
+    FP8 = "fp8"
 
 
 QUANTIZATION_NAMES: tuple[str, ...] = tuple(q.value for q in Quantization)
@@ -42,6 +50,11 @@ QUANTIZATION_NAMES: tuple[str, ...] = tuple(q.value for q in Quantization)
 
 def int8_matrix_bytes(rows: int, cols: int) -> int:
     """An int8 ``(rows, cols)`` matrix and its float32 scale per row."""
+    return rows * cols + rows * FLOAT32_BYTES
+
+
+def fp8_matrix_bytes(rows: int, cols: int) -> int:
+    """An fp8 ``(rows, cols)`` matrix (a byte a weight) and its float32 scale per row."""
     return rows * cols + rows * FLOAT32_BYTES
 
 

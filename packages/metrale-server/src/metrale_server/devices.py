@@ -7,6 +7,7 @@ import torch
 from metrale_config import ModelConfig
 from metrale_kernels import BackendUnavailableError, cpu_features, get_backend
 from metrale_model_arch import LoadedModel, Quantization
+from metrale_model_arch.fp8_support import fp8_serve_error, fp8_weights_line
 from metrale_model_arch.int4_format import has_input_order
 from metrale_model_arch.memory.weights import q4_support_error
 from metrale_model_arch.registry import ARCHITECTURES
@@ -82,8 +83,11 @@ def resolve_quantization(
     Q4_1 (its blocks kept bit for bit) or an AWQ/GPTQ int4 checkpoint (repacked to Q4_1 blocks,
     ``metrale_model_arch.int4_blocks``) where the native cpu kernels run them and the blocks tile
     every projection, a float32 serve on a CPU with int8 dot products or AVX2; ``none`` (the
-    weights in ``dtype``) for everything else. ``int8`` and ``q4`` of a float checkpoint are
-    lossy and only ever asked for (:func:`faster_format_hint` says when they would be faster)."""
+    weights in ``dtype``) for everything else. ``int8``, ``q4`` and ``fp8`` of a float checkpoint
+    are lossy and only ever asked for (:func:`faster_format_hint` says when they would be
+    faster); ``fp8`` where it cannot run raises ``ValueError`` naming the flag."""
+    if spec == Quantization.FP8 and (error := fp8_serve_error(config, device, dtype)) is not None:
+        raise ValueError(f"--quantization fp8: {error}")
     if spec != "auto":
         return Quantization(spec)
     if _keeps_q4_blocks(device, dtype, config, kernel_backend):
@@ -183,12 +187,14 @@ def format_choice_lines(
             kept = f"the {int4.describe()} weights dequantized to {_dtype_name(loaded.dtype)}"
         elif (fp8 := loaded.config.fp8_quantization) is not None:
             kept = (
-                f"the {fp8.describe()} dequantized to {_dtype_name(loaded.dtype)} at load: no "
-                f"fp8 matmul on {loaded.device.type}"
+                f"the {fp8.describe()} dequantized to {_dtype_name(loaded.dtype)} at load "
+                "(W8A16; --quantization fp8 keeps them fp8, W8A8)"
             )
         else:
             kept = f"the checkpoint's weights in {_dtype_name(loaded.dtype)}"
         lines = [f"weights: {loaded.quantization} (auto keeps {kept}; {exact})"]
+    if loaded.quantization == Quantization.FP8:
+        lines.append(fp8_weights_line(loaded.config, loaded.dtype, loaded.device))
     if loaded.quantization == Quantization.Q4 and has_input_order(loaded.config):
         lines.append(
             "GPTQ desc_act: each q4 projection gathers its inputs in g_idx order, so the "
@@ -215,6 +221,8 @@ def kernel_summary(loaded: LoadedModel) -> str:
         matmul = "int8 x int8 -> int32 matmuls"
     elif loaded.quantization == Quantization.Q4:
         matmul = "q4 (Q4_1 blocks) x int8 -> int32 matmuls, int8 embeddings and head"
+    elif loaded.quantization == Quantization.FP8:
+        matmul = "fp8 x fp8 per-token torch._scaled_mm (the weight converted every call: slow)"
     else:
         matmul = f"{str(loaded.dtype).removeprefix('torch.')} matmuls (torch linear)"
         if loaded.dtype == torch.bfloat16 and not cpu_features().bf16_dot:

@@ -43,4 +43,4 @@ def test_the_ledger_is_the_plan_and_the_boot_log_says_dequantized(fp8_checkpoint
     planned = engine.plan.by_owner()
     assert {owner: planned[owner] for owner in expected} == expected
     (line,) = format_choice_lines(engine.loaded, quantization_flag="auto")[:1]
-    assert "fp8 weights (block 32x48) dequantized to float32 at load: no fp8 matmul on cpu" in line
+    assert "fp8 weights (block 32x48) dequantized to float32 at load (W8A16;" in line

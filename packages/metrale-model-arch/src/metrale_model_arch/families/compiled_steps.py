@@ -20,6 +20,7 @@ import time
 import torch
 
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.families.fp8_layers import Fp8Linear
 from metrale_model_arch.families.llama import (
     LayerExecutor,
     LlamaForCausalLM,
@@ -36,11 +37,15 @@ WARM_UP_TOKENS = (1, 3)
 
 
 def can_compile(model: CausalLM) -> bool:
-    """Whether ``model`` has compilable layer segments (a dense llama-family model on CPU)."""
+    """Whether ``model`` has compilable layer segments (a dense llama-family model on CPU, its
+    projections not fp8)."""
+    # NOTE: fp8 projections stay eager: torch's CPU _scaled_mm converts the weight every call
+    # (what a compiled graph cannot remove), and compiling them took 745 s on 2 cores.
     return (
         isinstance(model, LlamaForCausalLM)
         and model.has_dense_layers
         and model.model.cos_sin_cache.device.type == "cpu"
+        and not any(isinstance(module, Fp8Linear) for module in model.modules())
     )
 
 

@@ -17,6 +17,10 @@ so are compressed-tensors' zero points (``P.weight_zero_point``), which must be 
 Layers kept in float (``modules_to_not_convert``, ``ignore``) and every other tensor are stored
 as in a float checkpoint and pass as they are. Its padded block layout
 (``weight_shape_original``) is not read: the padded weight's shape is refused by the model.
+
+With ``keep_fp8`` (``--quantization fp8``), a weight per tensor or per channel passes as
+stored instead (:class:`~metrale_model_arch.fp8_rows.Fp8Rows`: its bytes, its scale as float32
+per row); one per block is still dequantized (the fp8 model quantizes it per channel again).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from metrale_config import Fp8Granularity, Fp8Quantization, ModelConfig
+from metrale_model_arch.fp8_rows import Fp8Rows, fp8_rows_of
 from metrale_model_arch.loading.errors import CheckpointError
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -36,10 +41,11 @@ ZERO_POINT = "weight_zero_point"
 
 
 def fp8_checkpoint_tensors(
-    tensors: Iterable[tuple[str, torch.Tensor]], config: ModelConfig
-) -> Iterator[tuple[str, torch.Tensor]]:
+    tensors: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, *, keep_fp8: bool = False
+) -> Iterator[tuple[str, torch.Tensor | Fp8Rows]]:
     """``tensors`` with each fp8 weight, once its scale has arrived too (from any file),
-    dequantized to one float32 ``<layer>.weight``; every other tensor as it is.
+    dequantized to one float32 ``<layer>.weight`` (with ``keep_fp8``, kept as ``Fp8Rows`` unless
+    scaled by block); every other tensor as it is.
 
     NOTE: one dequantized weight exists at a time (the model copies it into its own storage
     before the next is read); an fp8 weight or scale waits, as stored, for its other half.
@@ -64,10 +70,11 @@ def fp8_checkpoint_tensors(
         parts[part] = tensor
         if parts.keys() >= {"weight", scale_part}:
             parts = pending.pop(prefix)
-            yield (
-                f"{prefix}.weight",
-                dequantize_fp8(prefix, parts["weight"], parts[scale_part], fp8),
-            )
+            weight, scale = parts["weight"], parts[scale_part]
+            if keep_fp8 and _is_per_row(prefix, weight, scale, fp8):
+                yield f"{prefix}.weight", fp8_rows_of(weight, scale)
+            else:
+                yield f"{prefix}.weight", dequantize_fp8(prefix, weight, scale, fp8)
     if pending:
         lacking = [
             f"{prefix} lacks {'its fp8 weight' if 'weight' not in parts else scale_part}"
@@ -80,13 +87,7 @@ def dequantize_fp8(
     prefix: str, weight: torch.Tensor, scale: torch.Tensor, fp8: Fp8Quantization
 ) -> torch.Tensor:
     """``weight * scale`` in float32, the scale broadcast as its shape says (see the module)."""
-    if weight.dtype != FP8_DTYPE or weight.dim() != 2:
-        raise CheckpointError(
-            f"{prefix}.weight: must be a 2-d float8_e4m3fn tensor beside its scale, got "
-            f"{weight.dtype} {tuple(weight.shape)}"
-        )
-    if scale.dtype not in SCALE_DTYPES:
-        raise CheckpointError(f"{prefix}.{fp8.scale_name}: must be float, got {scale.dtype}")
+    _check_parts(prefix, weight, scale, fp8)
     granularity = _granularity(prefix, tuple(weight.shape), tuple(scale.shape), fp8)
     dequantized = weight.to(torch.float32)
     scale = scale.to(torch.float32)
@@ -100,6 +101,28 @@ def dequantize_fp8(
     for block_row, row_scales in enumerate(by_column):
         dequantized[block_row * rows : (block_row + 1) * rows].mul_(row_scales)
     return dequantized
+
+
+def _is_per_row(
+    prefix: str, weight: torch.Tensor, scale: torch.Tensor, fp8: Fp8Quantization
+) -> bool:
+    """Whether ``scale`` scales whole rows (per tensor or per channel), checked as
+    :func:`dequantize_fp8` checks it."""
+    _check_parts(prefix, weight, scale, fp8)
+    granularity = _granularity(prefix, tuple(weight.shape), tuple(scale.shape), fp8)
+    return granularity != Fp8Granularity.BLOCK
+
+
+def _check_parts(
+    prefix: str, weight: torch.Tensor, scale: torch.Tensor, fp8: Fp8Quantization
+) -> None:
+    if weight.dtype != FP8_DTYPE or weight.dim() != 2:
+        raise CheckpointError(
+            f"{prefix}.weight: must be a 2-d float8_e4m3fn tensor beside its scale, got "
+            f"{weight.dtype} {tuple(weight.shape)}"
+        )
+    if scale.dtype not in SCALE_DTYPES:
+        raise CheckpointError(f"{prefix}.{fp8.scale_name}: must be float, got {scale.dtype}")
 
 
 def _granularity(

@@ -15,6 +15,7 @@ from safetensors import SafetensorError, safe_open
 from metrale_config import ModelConfig
 from metrale_model_arch.build import build_model
 from metrale_model_arch.families.base import CausalLM
+from metrale_model_arch.fp8_rows import Fp8Rows
 from metrale_model_arch.int4_format import int4_support_error
 from metrale_model_arch.load_options import DEFAULT_LOAD_OPTIONS, LoadOptions
 from metrale_model_arch.loading.errors import CheckpointError
@@ -24,6 +25,7 @@ from metrale_model_arch.loading.mxfp4_checkpoints import MXFP4, mxfp4_checkpoint
 from metrale_model_arch.loading.progress import load_progress
 from metrale_model_arch.parallel.checkpoint_shard import CheckpointSharder, ShardSlice
 from metrale_model_arch.q4_1_blocks import Q4_1Blocks
+from metrale_model_arch.weight_format import Quantization
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -119,21 +121,26 @@ def load_safetensors_model(
     ) as advance:
         return build_model(
             config,
-            checkpoint_tensors(iter_safetensors(names, advance, slice_of), config),
+            checkpoint_tensors(
+                iter_safetensors(names, advance, slice_of),
+                config,
+                keep_fp8=options.quantization == Quantization.FP8,
+            ),
             options,
             is_sharded=slice_of is not None,
         )
 
 
 def checkpoint_tensors(
-    read: Iterable[tuple[str, torch.Tensor]], config: ModelConfig
-) -> Iterable[tuple[str, torch.Tensor | Q4_1Blocks]]:
+    read: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, *, keep_fp8: bool = False
+) -> Iterable[tuple[str, torch.Tensor | Q4_1Blocks | Fp8Rows]]:
     """The tensors ``read`` as the model takes them: an int4 checkpoint's projections as
-    blocks, an fp8 or mxfp4 checkpoint's weights dequantized, any other checkpoint's as stored."""
+    blocks, an fp8 or mxfp4 checkpoint's weights dequantized (``keep_fp8``: an fp8 weight
+    scaled per tensor or channel kept as stored), any other checkpoint's as stored."""
     if config.int4_quantization is not None:
         return int4_checkpoint_tensors(read, config)
     if config.fp8_quantization is not None:
-        return fp8_checkpoint_tensors(read, config)
+        return fp8_checkpoint_tensors(read, config, keep_fp8=keep_fp8)
     if config.quantization_method == MXFP4:
         return mxfp4_checkpoint_tensors(read)
     return read

@@ -13,8 +13,10 @@ projections cost a byte per parameter plus a float32 scale per row
 projections cost :func:`~metrale_model_arch.weight_format.q4_matrix_bytes` each instead, the
 embeddings and the head int8 as before; an AWQ/GPTQ checkpoint's projections become exactly such
 blocks, plus GPTQ ``desc_act``'s input orders
-(:func:`~metrale_model_arch.int4_format.input_order_bytes`). Each model type's counter is its
-architecture record's ``param_counts``.
+(:func:`~metrale_model_arch.int4_format.input_order_bytes`). With fp8 weights the layers'
+projections cost :func:`~metrale_model_arch.weight_format.fp8_matrix_bytes` each (a byte a
+weight, a float32 scale a row), everything else (the embeddings, the head, the norms) the serve
+dtype. Each model type's counter is its architecture record's ``param_counts``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from metrale_model_arch.registry import param_counts, planned_architecture
 from metrale_model_arch.weight_format import (
     FLOAT32_BYTES,
     Quantization,
+    fp8_matrix_bytes,
     int8_matrix_bytes,
     q4_matrix_bytes,
     q4_shape_error,
@@ -54,6 +57,7 @@ __all__ = [
     "WEIGHT_OWNERS",
     "ParamCounts",
     "WeightBytes",
+    "fp8_support_error",
     "llama_param_counts",
     "param_counts",
     "q4_support_error",
@@ -98,6 +102,8 @@ def weight_bytes(
         raise ValueError(error)
     if quantization in (Quantization.INT8, Quantization.Q4):
         return _quantized_weight_bytes(config, counts, dtype_bytes, quantization)
+    if quantization == Quantization.FP8:
+        return _fp8_weight_bytes(config, counts, dtype_bytes)
     return WeightBytes(
         embeddings=counts.embeddings * dtype_bytes,
         layers=counts.layers * dtype_bytes + counts.layers_fp32 * FLOAT32_BYTES,
@@ -116,6 +122,43 @@ def q4_support_error(config: ModelConfig) -> str | None:
         if (error := q4_shape_error(rows, cols)) is not None:
             return f"{config.model_type}: {error}"
     return None
+
+
+# The ggml types of a GGUF whose projections fp8 may quantize (floats, not blocks).
+FLOAT_GGML_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def fp8_support_error(config: ModelConfig) -> str | None:
+    """Why ``config``'s model cannot take fp8 weights (``--quantization fp8``), or None: the
+    model type has no fp8 projections yet, or its checkpoint is already quantized coarser (a
+    4-bit or 8-bit GGUF, an AWQ/GPTQ int4 checkpoint: fp8 of those would be as large as 8 bits
+    and hold less)."""
+    if not planned_architecture(config).int8_linears:
+        return f"{config.model_type}: fp8 weights are not supported for this model type yet"
+    if (int4 := config.int4_quantization) is not None:
+        return f"the checkpoint holds {int4.describe()} weights: serve them as q4 or auto"
+    quantized = sorted(set(config.gguf_projection_types) - FLOAT_GGML_TYPES)
+    if quantized:
+        return (
+            f"the GGUF's projections are {', '.join(quantized)} blocks, not floats: serve them "
+            "as auto (q4 for Q4_1), int8 or none"
+        )
+    return None
+
+
+def _fp8_weight_bytes(config: ModelConfig, counts: ParamCounts, dtype_bytes: int) -> WeightBytes:
+    if (error := fp8_support_error(config)) is not None:
+        raise ValueError(f"--quantization fp8: {error}")
+    projections = sum(
+        fp8_matrix_bytes(rows, cols) for rows, cols in counts.layers_projection_shapes
+    )
+    kept = counts.layers - counts.layers_int8_weights
+    return WeightBytes(
+        embeddings=counts.embeddings * dtype_bytes,
+        layers=kept * dtype_bytes + counts.layers_fp32 * FLOAT32_BYTES + projections,
+        final_norm=counts.final_norm * dtype_bytes,
+        lm_head=counts.lm_head * dtype_bytes,
+    )
 
 
 def _quantized_weight_bytes(

@@ -220,7 +220,9 @@ def plan_options(command: F) -> F:
             "int8 weights per output row (a quarter of float32's bytes) times activations in two "
             "int8 digits, about 2x faster decode on a CPU with AVX2 or better. q4: the layers' "
             "projections in 4-bit blocks of 32 (GGUF's Q4_1, 5 bits a weight), embeddings and "
-            "head int8.",
+            "head int8. fp8 (vLLM's, lossy): the projections float8 e4m3 per output channel "
+            "(an fp8 checkpoint's kept), activations fp8 per token, torch._scaled_mm; on a CPU "
+            "half bf16's memory but slow.",
         ),
         click.option(
             "--kv-cache-dtype",

@@ -218,6 +218,11 @@ def engine_quantization(
 ) -> Quantization:
     """The weights' format ``args`` asks for, ``auto`` resolved for one rank's part of the model
     (q4 blocks must tile each rank's projections)."""
+    if args.quantization == Quantization.FP8 and args.tensor_parallel_size > 1:
+        raise ValueError(
+            "--quantization fp8 runs on one rank: not with --tensor-parallel-size "
+            f"{args.tensor_parallel_size}"
+        )
     rank_config = shard_config(config, args.tensor_parallel_size)
     return resolve_quantization(args.quantization, device, dtype, rank_config, args.kernel_backend)
 
@@ -229,6 +234,8 @@ def weight_format(inputs: PlanInputs) -> str:
         return f"int8 per channel + {activations} norms and activations"
     if inputs.quantization == Quantization.Q4:
         return f"q4 blocks + int8 embeddings and head + {activations} norms and activations"
+    if inputs.quantization == Quantization.FP8:
+        return f"fp8 per channel + {activations} embeddings, head, norms and activations"
     return activations
 
 
