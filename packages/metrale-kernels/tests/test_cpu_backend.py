@@ -126,6 +126,156 @@ def test_a_sequence_gives_the_same_bits_alone_and_in_any_batch(backend: CpuBacke
     assert batch_invariance(backend, torch.float32, torch.device("cpu"), num_others=(7, 31))
 
 
+@pytest.mark.parametrize(("seq_lens", "query_lens"), CASES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_paged_attention_with_sinks_matches_the_reference(
+    backend: CpuBackend,
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    sliding_window: int | None,
+) -> None:
+    batch = paged_batch(
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=32,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        block_size=5,
+        seed=sum(seq_lens),
+    )
+    # Sinks below and above the rows' scores: the largest logit of a softmax may be the sink.
+    sinks = torch.linspace(-3.0, 8.0, num_heads)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.25, sliding_window)
+    expected = TorchBackend().paged_attention(*args, sinks=sinks)
+    got = backend.paged_attention(*args, sinks=sinks)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, expected)  # the native kernel ran, not the reference
+    # Without its sinks, a row's weights would sum to one: far from what they give.
+    assert (backend.paged_attention(*args) - expected).abs().max() > 0.1
+
+
+def test_a_sink_of_minus_infinity_changes_nothing(backend: CpuBackend) -> None:
+    batch = paged_batch(
+        seq_lens=[5, 40, 17, 3],
+        query_lens=[1, 8, 1, 3],
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.25)
+    sinks = torch.full((6,), float("-inf"))
+    assert torch.equal(backend.paged_attention(*args, sinks=sinks), backend.paged_attention(*args))
+
+
+def test_with_sinks_a_sequence_gives_the_same_bits_alone_and_in_any_batch(
+    backend: CpuBackend,
+) -> None:
+    sinks = torch.linspace(-1.0, 2.0, 8)
+    assert batch_invariance(
+        backend, torch.float32, torch.device("cpu"), num_others=(7, 31), sinks=sinks
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features"),
+    [(1, 64, 64), (2, 96, 130), (6, 100, 256), (7, 64, 200), (40, 512, 1024), (300, 24, 70)],
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_input_major_mm_matches_float64_and_each_row_alone(
+    backend: CpuBackend, rows: int, in_features: int, out_features: int, with_bias: bool
+) -> None:
+    del backend
+    generator = torch.Generator().manual_seed(rows + in_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    # (in, out): contiguous rows, further apart than out.
+    w = torch.randn(in_features, out_features + 5, generator=generator)[:, :out_features]
+    bias = torch.randn(out_features, generator=generator) if with_bias else None
+    out = torch.ops.metrale.input_major_mm(x, w, bias)
+    expected = x.double() @ w.double() + (0 if bias is None else bias.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+    for row in {0, rows // 2, rows - 1}:
+        alone = torch.ops.metrale.input_major_mm(x[row : row + 1], w, bias)
+        assert torch.equal(alone, out[row : row + 1])
+
+
+def test_input_major_mm_refuses_what_it_cannot_read(backend: CpuBackend) -> None:
+    del backend
+    x, w = torch.randn(2, 8), torch.randn(16, 8)
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        torch.ops.metrale.input_major_mm(x, w.t(), None)
+    with pytest.raises(RuntimeError, match=r"x \(M, K\) and w \(K, N\)"):
+        torch.ops.metrale.input_major_mm(x, w, None)
+
+
+def gpt_oss_experts(
+    num_experts: int, hidden: int, inter: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """fused_moe's arguments for random gpt-oss experts as transformers stores them: input-major
+    weights read through transposed views."""
+    gate_up = torch.randn(num_experts, hidden, 2 * inter, generator=generator) / hidden**0.5
+    down = torch.randn(num_experts, inter, hidden, generator=generator) / inter**0.5
+    return {
+        "w_gate_up": gate_up.transpose(1, 2),
+        "w_down": down.transpose(1, 2),
+        "gate_up_bias": torch.randn(num_experts, 2 * inter, generator=generator),
+        "down_bias": torch.randn(num_experts, hidden, generator=generator),
+    }
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 50])
+def test_fused_moe_of_input_major_experts_matches_the_reference(
+    backend: CpuBackend, num_tokens: int
+) -> None:
+    generator = torch.Generator().manual_seed(num_tokens)
+    experts = gpt_oss_experts(8, 64, 96, generator)
+    hidden = torch.randn(num_tokens, 64, generator=generator)
+    logits = torch.randn(num_tokens, 8, generator=generator)
+    top, ids = logits.topk(2)
+    args = (hidden, experts["w_gate_up"], experts["w_down"], top.softmax(-1), ids)
+    options = {
+        "activation": "swigluoai",
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "gate_up_bias": experts["gate_up_bias"],
+        "down_bias": experts["down_bias"],
+    }
+    expected = TorchBackend().fused_moe(*args, **options)  # type: ignore[arg-type]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        got = backend.fused_moe(*args, **options)  # type: ignore[arg-type]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # The native matmul ran, not the reference's (at these sizes their bits may agree).
+    assert "metrale::input_major_mm" in {event.name for event in profile.events()}
+    for token in {0, num_tokens - 1}:
+        rows = slice(token, token + 1)
+        alone = backend.fused_moe(
+            hidden[rows],
+            args[1],
+            args[2],
+            args[3][rows],
+            ids[rows],
+            **options,  # type: ignore[arg-type]
+        )
+        assert torch.equal(alone, got[rows])
+
+
+def test_fused_moe_of_output_major_experts_is_the_reference(backend: CpuBackend) -> None:
+    generator = torch.Generator().manual_seed(3)
+    w_gate_up = torch.randn(4, 2 * 32, 24, generator=generator)
+    w_down = torch.randn(4, 24, 32, generator=generator)
+    hidden = torch.randn(5, 24, generator=generator)
+    weights, ids = torch.rand(5, 2, generator=generator), torch.tensor([[0, 1]] * 5)
+    args = (hidden, w_gate_up, w_down, weights, ids)
+    assert torch.equal(backend.fused_moe(*args), TorchBackend().fused_moe(*args))
+
+
 def test_other_dtypes_take_the_reference_path(backend: CpuBackend) -> None:
     batch = paged_batch(
         seq_lens=[9, 20],

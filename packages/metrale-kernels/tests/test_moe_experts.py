@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from torch import nn
+from transformers.models.gpt_oss import modeling_gpt_oss as gpt_oss
 from transformers.models.mixtral import modeling_mixtral as mixtral
 
 from metrale_kernels import TorchBackend, fused_moe, softmax_topk_routing
@@ -149,6 +151,77 @@ def test_no_tokens() -> None:
         torch.empty(0, 2, dtype=torch.int64),
     )
     assert out.shape == (0, HIDDEN)
+
+
+def gpt_oss_experts(num_experts: int, seed: int, alpha: float, limit: float) -> nn.Module:
+    """transformers' ``GptOssExperts`` with random weights and biases."""
+    config = transformers.GptOssConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_local_experts=num_experts,
+        swiglu_alpha=alpha,
+        swiglu_limit=limit,
+    )
+    experts = gpt_oss.GptOssExperts(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for tensor in experts.parameters():
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) / 4)
+    return experts
+
+
+def swigluoai_moe(
+    experts: nn.Module, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """``fused_moe`` over transformers' gpt-oss layout, read through transposed views."""
+    return fused_moe(
+        hidden,
+        experts.gate_up_proj.transpose(1, 2),
+        experts.down_proj.transpose(1, 2),
+        weights,
+        ids,
+        activation="swigluoai",
+        swiglu_alpha=experts.alpha,
+        swiglu_limit=experts.limit,
+        gate_up_bias=experts.gate_up_proj_bias,
+        down_bias=experts.down_proj_bias,
+    )
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k"), [(1, 2), (21, 2), (40, 4)])
+def test_swigluoai_matches_transformers_gpt_oss_experts(num_tokens: int, top_k: int) -> None:
+    """Interleaved gate/up columns, biases after both projections, the clamp reached."""
+    experts = gpt_oss_experts(8, seed=num_tokens, alpha=1.702, limit=1.5)
+    hidden, weights, ids = routed_inputs(num_tokens, 8, top_k, seed=15)
+    hidden = hidden * 4
+    with torch.no_grad():
+        expected = experts(hidden, ids, weights)
+        out = swigluoai_moe(experts, hidden, weights, ids)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        # Each part matters: without the clamp, the biases or the interleaving it is far off.
+        experts.limit = 1e9
+        assert (swigluoai_moe(experts, hidden, weights, ids) - expected).abs().max() > 1e-2
+        experts.limit = 1.5
+        experts.down_proj_bias.zero_()
+        assert (swigluoai_moe(experts, hidden, weights, ids) - expected).abs().max() > 1e-2
+
+
+def test_swigluoai_gives_a_token_the_same_bits_alone_and_among_others() -> None:
+    experts = gpt_oss_experts(8, seed=16, alpha=1.702, limit=7.0)
+    hidden, weights, ids = routed_inputs(37, 8, 2, seed=17)
+    with torch.no_grad():
+        together = swigluoai_moe(experts, hidden, weights, ids)
+        for token in (0, 5, 36):
+            rows = slice(token, token + 1)
+            alone = swigluoai_moe(experts, hidden[rows], weights[rows], ids[rows])
+            assert torch.equal(alone, together[rows])
+
+
+def test_swigluoai_needs_alpha_and_limit() -> None:
+    hidden, weights, ids = routed_inputs(2, 4, 1, seed=18)
+    w_gate_up, w_down = make_experts(4, seed=19)
+    with pytest.raises(ValueError, match="'swigluoai' needs swiglu_alpha and swiglu_limit"):
+        fused_moe(hidden, w_gate_up, w_down, weights, ids, activation="swigluoai", swiglu_limit=7.0)
 
 
 def test_unknown_activation() -> None:

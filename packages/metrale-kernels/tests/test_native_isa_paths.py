@@ -50,6 +50,16 @@ for rows, n, k in [(1, 16, 32), (5, 48, 96), (9, 32, 576), (64, 16, 1536)]:
             alone = torch.ops.metrale.q4_mm(x[i : i + 1], packed, scales, b)
             assert torch.equal(alone[0], got[i]), (rows, n, k, i)
     assert torch.equal(got[rows // 2], bias), (rows, n, k)
+# input_major_mm: x @ w (+ bias), each row on its own, few rows (streamed) and many (tiles).
+for rows, k, n in [(1, 64, 130), (7, 96, 64), (40, 64, 200)]:
+    x = torch.randn(rows, k, generator=generator)
+    w = torch.randn(k, n, generator=generator)
+    bias = torch.randn(n, generator=generator)
+    got = torch.ops.metrale.input_major_mm(x, w, bias)
+    torch.testing.assert_close(got, x @ w + bias, rtol=1e-5, atol=1e-4)
+    for i in range(rows):
+        alone = torch.ops.metrale.input_major_mm(x[i : i + 1], w, bias)
+        assert torch.equal(alone[0], got[i]), (rows, k, n, i)
 cpu = CpuBackend()
 kv_dtypes = (torch.float32, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
 for window, kv_dtype in itertools.product((None, 5), kv_dtypes):

@@ -10,7 +10,14 @@
   reading K/V blocks in place: a prefill's tokens are rows over their causal context, like a
   decode's, so a token's attention is the same whatever step it is in (row invariance; at the
   cost of GEMM-shaped speed on long prompts). Float32 or quantized caches (int8 or fp8 rows,
-  dequantized as they are read), float32 activations; others take the reference path.
+  dequantized as they are read), float32 activations, and gpt-oss's sinks (one more logit per
+  head in each softmax); others take the reference path.
+- ``fused_moe`` with float32 experts stored input-major (transformers' gpt-oss layout, which
+  the op reads through transposed views) multiplies each expert's rows with
+  ``metrale::input_major_mm``: every output its own fma chain over the inputs, so a token's
+  result is the same whatever else chose its expert, without padding rows to a GEMM tile (a
+  decode step's one or two rows per expert read the weight once). Other layouts take the
+  reference.
 - ``llama_qkv_step``, ``llama_output_step`` and ``llama_decode_layer`` (float32) are a dense
   llama layer's segments as one native call each (``metrale::int8_qkv_step``, ...), where the
   reference runs ~50 small ops.
@@ -35,7 +42,7 @@ from metrale_kernels.column_split import ColumnSplit, row_amax
 from metrale_kernels.cpu.host_allocator import retain_step_memory
 from metrale_kernels.cpu.native import NativeBuildError, NativeOps, load_native_ops
 from metrale_kernels.op import kernel
-from metrale_kernels.reference import int8_matmul
+from metrale_kernels.reference import int8_matmul, moe_experts
 from metrale_kernels.reference import paged_attention as reference_attention
 from metrale_kernels.reference.kv_quantization import is_quantized_cache
 
@@ -132,6 +139,7 @@ def paged_attention(
     sliding_window: int | None = None,
     *,
     out: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     native_cache = k_cache.dtype == torch.float32 or is_quantized_cache(k_cache)
     if (
@@ -141,7 +149,7 @@ def paged_attention(
         or q.device.type != "cpu"
     ):
         reference = backend.fallback(KernelBackend.paged_attention, "not float32 native")
-        return reference(q, k_cache, v_cache, metadata, scale, sliding_window, out=out)
+        return reference(q, k_cache, v_cache, metadata, scale, sliding_window, out=out, sinks=sinks)
     reference_attention.group_size(q.shape[1], k_cache.shape[2])
     reference_attention.check_cache_shape(q, k_cache, v_cache)
     plan = metadata.derived(("native_rows", sliding_window), plan_query_rows, sliding_window)
@@ -160,8 +168,47 @@ def paged_attention(
             plan.first_keys,
             scale,
             out,
+            None if sinks is None else sinks.float().contiguous(),
         )
     return out
+
+
+def input_major_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` for a ``weight (out, in)`` stored input-major."""
+    contiguous_bias = None if bias is None else bias.contiguous()
+    result: Tensor = torch.ops.metrale.input_major_mm(x.contiguous(), weight.t(), contiguous_bias)
+    return result
+
+
+@kernel(KernelBackend.fused_moe)
+def fused_moe(
+    backend: CpuBackend,
+    hidden: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    **options: Any,
+) -> Tensor:
+    weights = (w_gate_up, w_down, options.get("gate_up_bias"), options.get("down_bias"))
+    if (
+        not _native_floats(backend, hidden)
+        or "expert_linear" in options
+        or any(w is not None and w.dtype != torch.float32 for w in weights)
+        or w_gate_up.stride(1) != 1
+        or w_down.stride(1) != 1
+    ):
+        reference = backend.fallback(KernelBackend.fused_moe, "not float32 input-major experts")
+        return reference(hidden, w_gate_up, w_down, topk_weights, topk_ids, **options)
+    return moe_experts.fused_moe(
+        hidden,
+        w_gate_up,
+        w_down,
+        topk_weights,
+        topk_ids,
+        expert_linear=input_major_linear,
+        **options,
+    )
 
 
 # The layer ops pass their arguments as they come to the native ops, whose schemas take them
@@ -199,6 +246,7 @@ KERNELS = (
     int8_linear,
     q4_linear,
     paged_attention,
+    fused_moe,
     llama_qkv_step,
     llama_output_step,
     llama_decode_layer,

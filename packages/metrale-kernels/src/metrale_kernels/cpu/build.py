@@ -29,7 +29,13 @@ from metrale_kernels.cpu_features import cpu_features
 
 logger = logging.getLogger("metrale.kernels")
 SOURCE_DIR = Path(__file__).parent
-SOURCES = ("int8_mm.cpp", "q4_mm.cpp", "paged_decode.cpp", "llama_layer.cpp")
+SOURCES = (
+    "int8_mm.cpp",
+    "q4_mm.cpp",
+    "paged_decode.cpp",
+    "llama_layer.cpp",
+    "input_major_mm.cpp",
+)
 HEADERS = (
     "decode_attention.h",
     "int8_mm.h",

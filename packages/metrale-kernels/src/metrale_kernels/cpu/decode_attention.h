@@ -3,9 +3,10 @@
 // metrale::int8_decode_layer.
 //
 // Each query head of a row scores every visible key, takes a softmax in float32 and sums the
-// values. A row's result depends on its own context alone, never on the other rows of the
-// step or on how its heads fall to threads, and the order of every sum is fixed by that
-// context.
+// values. With sinks (gpt-oss: one logit per query head), each head's softmax has one more
+// logit, which weighs no value: the row's weights sum below one. A row's result depends on its
+// own context alone, never on the other rows of the step or on how its heads fall to threads,
+// and the order of every sum is fixed by that context.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -46,10 +47,11 @@ struct AttendScratch {
 };
 
 // Query heads [h0, h1) of decode row r: each visible key's slot read once for all of them.
-// Each head's arithmetic is its own, whichever heads share the call.
+// Each head's arithmetic is its own, whichever heads share the call. sinks: (heads,) or nullptr.
 inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const PagedCache& cache,
-                         const DecodeRows& decode, float softmax_scale, int64_t r, int64_t h0,
-                         int64_t h1, AttendScratch& scratch, float* out_data) {
+                         const DecodeRows& decode, float softmax_scale, const float* sinks,
+                         int64_t r, int64_t h0, int64_t h1, AttendScratch& scratch,
+                         float* out_data) {
   const int64_t group = heads / cache.kv_heads, block_size = cache.block_size;
   const int64_t last = decode.seq_lens[r];
   const int64_t first = decode.first_keys != nullptr ? decode.first_keys[r]
@@ -86,9 +88,16 @@ inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const 
   });
   for (int64_t j = 0; j < count; ++j) {
     float* head_scores = scores.data() + j * keys;
-    shifted_exp(head_scores, keys, *std::max_element(head_scores, head_scores + keys));
+    float peak = *std::max_element(head_scores, head_scores + keys);
+    if (sinks != nullptr) peak = std::max(peak, sinks[h0 + j]);
+    shifted_exp(head_scores, keys, peak);
     float total = 0.f;
     for (int64_t k = 0; k < keys; ++k) total += head_scores[k];
+    if (sinks != nullptr) {
+      float sink = sinks[h0 + j];
+      shifted_exp(&sink, 1, peak);
+      total += sink;
+    }
     totals[j] = total;
   }
   for_each_slot([&](int64_t i, int64_t slot) {
@@ -103,7 +112,8 @@ inline void attend_heads(const float* q_data, int64_t heads, int64_t dim, const 
 }
 
 inline void decode_attention(const float* q_data, int64_t heads, int64_t dim, const PagedCache& cache,
-                             const DecodeRows& decode, float softmax_scale, float* out_data) {
+                             const DecodeRows& decode, float softmax_scale, float* out_data,
+                             const float* sinks = nullptr) {
   // A task per row, its heads together, when there are rows enough for every thread; else a
   // task per (row, head), so one sequence's heads spread over the threads. Either way each
   // head's result is the same.
@@ -118,8 +128,8 @@ inline void decode_attention(const float* q_data, int64_t heads, int64_t dim, co
     for (int64_t first_task = begin; first_task < end; ++first_task) {
       for (int64_t task = first_task; task < tasks; task += threads) {
         const int64_t r = task * per_task / heads, h0 = task * per_task % heads;
-        attend_heads(q_data, heads, dim, cache, decode, softmax_scale, r, h0, h0 + per_task,
-                     scratch, out_data);
+        attend_heads(q_data, heads, dim, cache, decode, softmax_scale, sinks, r, h0,
+                     h0 + per_task, scratch, out_data);
       }
     }
   });

@@ -1,5 +1,5 @@
 """Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm``,
-``metrale::q4_mm``,
+``metrale::q4_mm``, ``metrale::input_major_mm`` (gpt-oss's experts),
 ``metrale::paged_decode`` and the llama layer ops (``int8_qkv_step``, ``int8_output_step``,
 ``int8_decode_layer``). :func:`load_native_ops` builds (or finds cached) and loads them once
 per process; :class:`metrale_kernels.cpu.backend.CpuBackend` calls them."""
@@ -29,8 +29,8 @@ class NativeOps:
     def describe(self) -> str:
         how = "cached" if self.cached else f"built in {self.seconds:.1f} s"
         return (
-            f"native int8_mm ({self.int8_path}), q4_mm ({self.q4_path}), paged_decode and "
-            f"llama layer ops, {how}"
+            f"native int8_mm ({self.int8_path}), q4_mm ({self.q4_path}), input_major_mm, "
+            f"paged_decode and llama layer ops, {how}"
         )
 
 

@@ -1,6 +1,6 @@
 // metrale::paged_decode: attention for decode rows (one query token each) over a paged K/V
 // cache (float32, or quantized: kv_cache.h), read in place: no gathered copy of the context,
-// no padding, no mask.
+// no padding, no mask; optionally a sink logit per query head (gpt-oss) in each softmax.
 // The kernel is decode_attention.h's: one task per row, each visible key read once, a row's
 // result fixed by its own context alone.
 #include <ATen/Parallel.h>
@@ -19,7 +19,7 @@ namespace {
 void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& rows, const at::Tensor& seqs, const at::Tensor& block_tables,
                   const at::Tensor& seq_lens, const at::Tensor& first_keys, double scale,
-                  const at::Tensor& out) {
+                  const at::Tensor& out, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
                   v_cache.scalar_type() == k_cache.scalar_type(),
               "paged_decode: q (tokens, heads, dim), alike caches (blocks, block_size, kv_heads, row)");
@@ -47,13 +47,21 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   const int64_t* len_data = seq_lens.data_ptr<int64_t>();
   const int64_t* first_data = first_keys.data_ptr<int64_t>();
   const float softmax_scale = static_cast<float>(scale);
+  const float* sink_data = nullptr;
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
+                    sinks->size(0) == heads,
+                "paged_decode: sinks are (heads,) contiguous float32");
+    sink_data = sinks->data_ptr<float>();
+  }
 
   const metrale_native::PagedCache cache{metrale_native::cache_rows(k_cache, dim, "paged_decode"),
                                          metrale_native::cache_rows(v_cache, dim, "paged_decode"),
                                          block_size, kv_heads};
   const metrale_native::DecodeRows decode{num_rows,   row_data,  seq_data,   table_data,
                                           table_stride, table_width, len_data, first_data, 0};
-  metrale_native::decode_attention(q_data, heads, dim, cache, decode, softmax_scale, out_data);
+  metrale_native::decode_attention(q_data, heads, dim, cache, decode, softmax_scale, out_data,
+                                   sink_data);
 }
 
 }  // namespace
@@ -61,6 +69,7 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 TORCH_LIBRARY_FRAGMENT(metrale, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor rows, Tensor seqs, "
-      "Tensor block_tables, Tensor seq_lens, Tensor first_keys, float scale, Tensor(a!) out) -> ()");
+      "Tensor block_tables, Tensor seq_lens, Tensor first_keys, float scale, Tensor(a!) out, "
+      "Tensor? sinks=None) -> ()");
   m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(paged_decode));
 }

@@ -42,9 +42,14 @@ def paged_attention(
     sliding_window: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
+    if sinks is not None:
+        return backend.fallback(KernelBackend.paged_attention, "sinks")(
+            q, k_cache, v_cache, metadata, scale, sliding_window, out=out, sinks=sinks
+        )
     if num_heads % num_kv_heads or (sliding_window is not None and sliding_window < 1):
         # The reference raises the contract's ValueError.
         return backend.fallback(KernelBackend.paged_attention, "the reference raises")(

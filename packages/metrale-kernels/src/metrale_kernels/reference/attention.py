@@ -18,6 +18,7 @@ def paged_attention(
     sliding_window: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q (tokens, heads, head_dim)`` over each sequence's cached context.
 
@@ -30,9 +31,12 @@ def paged_attention(
     raises ``ValueError`` when ``heads`` is not a multiple of ``kv_heads`` or
     ``sliding_window < 1``. On the CPU a row's result depends on its own context alone
     (:mod:`~metrale_kernels.reference.row_invariant_attention`).
+    ``sinks`` (gpt-oss, ``(heads,)``): one more logit per head in each row's softmax, weighing
+    no value (the row's weights sum below one); the row-invariant path computes it on any
+    device.
     """
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" or sinks is not None:
         return row_invariant_attention(
-            q, k_cache, v_cache, metadata, scale, sliding_window, out=out
+            q, k_cache, v_cache, metadata, scale, sliding_window, out=out, sinks=sinks
         )
     return paged.paged_attention(q, k_cache, v_cache, metadata, scale, sliding_window, out=out)

@@ -3,10 +3,16 @@
 Expert weights are stacked: ``w_gate_up (experts, 2 * inter, hidden)`` holds each expert's gate
 projection in rows ``:inter`` and its up projection in rows ``inter:`` (loaders stack HF's
 ``gate_proj``/``up_proj``, Mixtral's ``w1``/``w3``, in that order), ``w_down (experts, hidden,
-inter)`` its down projection.
+inter)`` its down projection. With ``activation="swigluoai"`` (gpt-oss) the gate and up
+rows of ``w_gate_up`` interleave instead (gate at even rows, up at odd), and each expert may add
+a bias after either projection (``gate_up_bias (experts, 2 * inter)``, ``down_bias (experts,
+hidden)``).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional
@@ -18,7 +24,11 @@ from metrale_kernels.row_invariant import (
     row_invariant_linear,
 )
 
-ACTIVATIONS = ("silu",)
+SILU, SWIGLUOAI = "silu", "swigluoai"
+ACTIVATIONS = (SILU, SWIGLUOAI)
+# (rows (n, in), weight (out, in), bias (out,) or None) -> (n, out): one expert's projection,
+# each row's result independent of the others.
+ExpertLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def swiglu(gate_up: torch.Tensor, swiglu_limit: float | None = None) -> torch.Tensor:
@@ -34,6 +44,29 @@ def swiglu(gate_up: torch.Tensor, swiglu_limit: float | None = None) -> torch.Te
     return functional.silu(gate) * up
 
 
+def swigluoai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's ``(up + 1) * gate * sigmoid(alpha * gate)`` for interleaved ``gate_up (...,
+    2 * inter)`` (gate at even columns, up at odd), the gate clamped to ``<= limit`` and up to
+    ``[-limit, limit]``."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+def expert_activation(
+    activation: str, swiglu_limit: float | None, swiglu_alpha: float | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What runs between an expert's two projections; raises ``ValueError`` naming what
+    ``activation`` lacks."""
+    if activation == SILU:
+        return functools.partial(swiglu, swiglu_limit=swiglu_limit)
+    if activation != SWIGLUOAI:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if swiglu_alpha is None or swiglu_limit is None:
+        raise ValueError(f"activation {SWIGLUOAI!r} needs swiglu_alpha and swiglu_limit")
+    return functools.partial(swigluoai, alpha=swiglu_alpha, limit=swiglu_limit)
+
+
 def fused_moe(
     hidden: torch.Tensor,
     w_gate_up: torch.Tensor,
@@ -41,20 +74,26 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    activation: str = "silu",
+    activation: str = SILU,
     swiglu_limit: float | None = None,
+    swiglu_alpha: float | None = None,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    expert_linear: ExpertLinear | None = None,
 ) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])`` for ``hidden (tokens,
-    hidden)``; expert ``e`` is ``w_down[e] @ swiglu(w_gate_up[e] @ x)``.
+    hidden)``; expert ``e`` is ``w_down[e] @ act(w_gate_up[e] @ x + gate_up_bias[e]) +
+    down_bias[e]`` (no bias where none is given), ``act`` :func:`swiglu` (``"silu"``) or
+    :func:`swigluoai` (``"swigluoai"``, which needs ``swiglu_alpha`` and ``swiglu_limit``).
 
     The ``tokens * top_k`` assignments are sorted by expert and each expert with tokens runs
     two matmuls (in the input dtype) over its contiguous slice; the weighted sum accumulates in
     float32. Returns ``(tokens, hidden)`` in ``hidden``'s dtype, written to ``out`` when given.
-    NOTE: the per-expert token counts are read on the host (one device sync per call).
+    ``expert_linear``: what multiplies instead of torch's row-invariant matmul (a backend's
+    kernel). NOTE: the per-expert token counts are read on the host (one device sync per call).
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    activate = expert_activation(activation, swiglu_limit, swiglu_alpha)
     num_tokens, top_k = topk_ids.shape
     num_experts = w_gate_up.shape[0]
     flat_ids = topk_ids.flatten()
@@ -68,19 +107,16 @@ def fused_moe(
     # On the CPU each expert's rows are padded to whole row tiles: a token's result does not
     # depend on how many others chose its experts (:mod:`metrale_kernels.row_invariant`).
     tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
-    call_rows = matmul_call_rows(hidden.dtype)
+    linear = expert_linear or functools.partial(
+        row_invariant_linear, tile=tile, call_rows=matmul_call_rows(hidden.dtype)
+    )
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         rows = slice(start, start + count)
-        gate_up = row_invariant_linear(
-            routed[rows], w_gate_up[expert], None, tile, call_rows=call_rows
-        )
-        activated = swiglu(gate_up, swiglu_limit)
-        expert_out[rows] = row_invariant_linear(
-            activated, w_down[expert], None, tile, call_rows=call_rows
-        )
+        gate_up = linear(routed[rows], w_gate_up[expert], _row(gate_up_bias, expert))
+        expert_out[rows] = linear(activate(gate_up), w_down[expert], _row(down_bias, expert))
         start += count
     expert_out *= topk_weights.flatten().index_select(0, order).to(wide)[:, None]
     summed = torch.zeros(num_tokens, hidden.shape[1], dtype=wide, device=hidden.device)
@@ -88,3 +124,7 @@ def fused_moe(
     if out is None:
         return summed.to(hidden.dtype)
     return out.copy_(summed)
+
+
+def _row(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if bias is None else bias[expert]

@@ -89,9 +89,11 @@ def batch_invariance(
     num_others: tuple[int, ...] = (7, 63),
     query_lens: tuple[int, ...] = (1, 37),
     kv_dtype: torch.dtype | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> bool:
     """Whether ``backend`` gives one sequence's decode and prefill rows bit-identical alone and
-    among ``num_others`` other sequences of random lengths (its own inputs the same each time).
+    among ``num_others`` other sequences of random lengths (its own inputs the same each time);
+    ``sinks``: the 8 heads' sink logits, passed to ``paged_attention``.
     """
     generator = torch.Generator().manual_seed(7)
     outputs = []
@@ -125,7 +127,9 @@ def batch_invariance(
             q = batch.q.clone()
             q[:query_len] = alone.q
             _copy_context(alone, batch)
-            out = backend.paged_attention(q, batch.k_cache, batch.v_cache, batch.metadata, 0.125)
+            out = backend.paged_attention(
+                q, batch.k_cache, batch.v_cache, batch.metadata, 0.125, sinks=sinks
+            )
             outputs.append((query_len, out[:query_len]))
     return all(
         torch.equal(out, next(o for n, o in outputs if n == query_len))

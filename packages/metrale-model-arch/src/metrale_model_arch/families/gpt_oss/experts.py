@@ -1,9 +1,11 @@
 """gpt-oss's MoE block: a router with a bias whose top-k logits are softmaxed into the weights,
-and experts with biases whose SwiGLU is clamped and shifted.
+and experts with biases whose SwiGLU is clamped and shifted (the backend's ``fused_moe`` with
+``activation="swigluoai"``).
 
 The experts keep transformers' layout: ``gate_up_proj (experts, hidden, 2 * inter)`` with the
 gate and up columns interleaved (gate at even columns, up at odd), ``down_proj (experts,
-inter, hidden)``, multiplied from the left (``x @ w + b``).
+inter, hidden)``, multiplied from the left (``x @ w + b``); ``fused_moe`` reads them through
+transposed views.
 """
 
 from __future__ import annotations
@@ -12,20 +14,9 @@ import torch
 from torch import nn
 
 from metrale_config import ModelConfig, MoeConfig
+from metrale_kernels import KernelBackend
+from metrale_kernels.reference.moe_experts import SWIGLUOAI
 from metrale_kernels.reference.ranked import top_k_lower_index_first
-from metrale_kernels.row_invariant import (
-    matmul_call_rows,
-    matmul_row_tile,
-    row_invariant_linear,
-)
-
-
-def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """``(up + 1) * gate * sigmoid(alpha * gate)`` for interleaved ``gate_up (..., 2 * inter)``,
-    the gate clamped to ``<= limit`` and up to ``[-limit, limit]``."""
-    gate = gate_up[..., ::2].clamp(max=limit)
-    up = gate_up[..., 1::2].clamp(-limit, limit)
-    return (up + 1) * gate * torch.sigmoid(gate * alpha)
 
 
 class TopKRouter(nn.Module):
@@ -45,12 +36,13 @@ class TopKRouter(nn.Module):
 
 
 class BiasedExperts(nn.Module):
-    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+    def __init__(self, config: ModelConfig, moe: MoeConfig, backend: KernelBackend) -> None:
         super().__init__()
         hidden, inter, num_experts = config.hidden_size, moe.moe_intermediate_size, moe.num_experts
         assert config.swiglu_alpha is not None
         assert config.swiglu_limit is not None
         self.alpha, self.limit = config.swiglu_alpha, config.swiglu_limit
+        self.backend = backend
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * inter))
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter))
         self.down_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
@@ -61,36 +53,25 @@ class BiasedExperts(nn.Module):
     ) -> torch.Tensor:
         """``sum_k weights[t, k] * expert_{ids[t, k]}(hidden[t])``, summed in float32 in
         expert order (a token's sum does not depend on the other tokens of the step)."""
-        # On the CPU each expert's rows are padded to whole row tiles (row invariance).
-        tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
-        call_rows = matmul_call_rows(hidden.dtype)
-        out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-        for expert in sorted(set(ids.flatten().tolist())):
-            tokens, slots = torch.where(ids == expert)
-            gate_up = row_invariant_linear(
-                hidden[tokens],
-                self.gate_up_proj[expert].t(),
-                self.gate_up_proj_bias[expert],
-                tile,
-                call_rows=call_rows,
-            )
-            activated = clamped_swiglu(gate_up, self.alpha, self.limit)
-            expert_out = row_invariant_linear(
-                activated,
-                self.down_proj[expert].t(),
-                self.down_proj_bias[expert],
-                tile,
-                call_rows=call_rows,
-            )
-            out.index_add_(0, tokens, expert_out.float() * weights[tokens, slots, None])
-        return out.to(hidden.dtype)
+        return self.backend.fused_moe(
+            hidden,
+            self.gate_up_proj.transpose(1, 2),
+            self.down_proj.transpose(1, 2),
+            weights,
+            ids,
+            activation=SWIGLUOAI,
+            swiglu_limit=self.limit,
+            swiglu_alpha=self.alpha,
+            gate_up_bias=self.gate_up_proj_bias,
+            down_bias=self.down_proj_bias,
+        )
 
 
 class GptOssMoeBlock(nn.Module):
-    def __init__(self, config: ModelConfig, moe: MoeConfig) -> None:
+    def __init__(self, config: ModelConfig, moe: MoeConfig, backend: KernelBackend) -> None:
         super().__init__()
         self.router = TopKRouter(config.hidden_size, moe)
-        self.experts = BiasedExperts(config, moe)
+        self.experts = BiasedExperts(config, moe, backend)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = self.router(hidden)

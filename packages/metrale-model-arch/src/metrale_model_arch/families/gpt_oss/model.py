@@ -3,8 +3,8 @@ sliding-window (128 tokens) and full layers alternating as ``layer_types`` says,
 in every layer the routed MoE of :mod:`.experts`. Norms multiply in float32 (transformers
 keeps gpt-oss's norm weights float32).
 
-Attention runs the row-invariant torch path (:func:`~metrale_kernels.reference.
-row_invariant_attention.row_invariant_attention`): no kernel backend adds the sinks. Eager only, a
+Attention is the backend's ``paged_attention`` with the sinks (the cpu backend's native kernel
+for float32, else the row-invariant torch path). Eager only, a
 :class:`~metrale_model_arch.families.decoder_stack.DecoderStack`: no layer here is a llama layer.
 """
 
@@ -15,7 +15,6 @@ from torch import nn
 
 from metrale_config import ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
-from metrale_kernels.reference.row_invariant_attention import row_invariant_attention
 from metrale_model_arch.cache_spec import layer_sliding_window
 from metrale_model_arch.counts.moe import require_moe
 from metrale_model_arch.families.base import LayerCache
@@ -48,7 +47,7 @@ class SinkAttention(LlamaAttention):
         k_cache, v_cache = kv_cache
         metadata = metadata.for_window(self.sliding_window)
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
-        return row_invariant_attention(
+        return self.backend.paged_attention(
             q, k_cache, v_cache, metadata, self.scale, self.sliding_window, sinks=self.sinks
         )
 
@@ -61,7 +60,7 @@ class GptOssDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, layer_index: int, backend: KernelBackend) -> None:
         super().__init__()
         self.self_attn = SinkAttention(config, layer_index, backend)
-        self.mlp = GptOssMoeBlock(config, require_moe(config))
+        self.mlp = GptOssMoeBlock(config, require_moe(config), backend)
         self.input_layernorm = float32_norm(config, backend)
         self.post_attention_layernorm = float32_norm(config, backend)
 
