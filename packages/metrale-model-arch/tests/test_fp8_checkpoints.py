@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import weakref
-from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import attrs
 import pytest
 import torch
 from metrale_testing.fp8_checkpoints import LAYOUTS, convert_to_fp8
+from metrale_testing.recording_allocator import RecordingAllocator
 from safetensors.torch import load_file, save_file
 
 from metrale_config import model_config_from_hf_file
@@ -111,27 +111,15 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Saved]:
     return checkpoints
 
 
-class Ledger:
-    def __init__(self) -> None:
-        self.by_owner: dict[str, int] = defaultdict(int)
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.by_owner[owner] += tensor.nbytes
-        return tensor
-
-
 def load(
     path: Path,
     quantization: Quantization = Quantization.NONE,
-    ledger: Ledger | None = None,
+    ledger: RecordingAllocator | None = None,
     dtype: torch.dtype = torch.float32,
     **options: Any,
 ) -> CausalLM:
-    options = {"dtype": dtype, "quantization": quantization, "allocator": ledger or Ledger(),
-               **options}  # fmt: skip
+    allocator = ledger or RecordingAllocator()
+    options = {"dtype": dtype, "quantization": quantization, "allocator": allocator, **options}
     return load_safetensors_model(path, model_config_from_hf_file(path), LoadOptions(**options))
 
 
@@ -230,12 +218,12 @@ def test_the_plan_is_the_ledger_by_owner(
     """The scales are read and dropped: the model holds the float (or int8, q4) weights alone,
     priced as a float checkpoint's."""
     path = saved[case].path
-    ledger = Ledger()
+    ledger = RecordingAllocator()
     load(path, quantization, ledger, dtype=dtype)
     config = model_config_from_hf_file(path)
     plan = weight_bytes(config, dtype.itemsize, quantization).by_owner()
     weights = {
-        owner: size for owner, size in ledger.by_owner.items() if owner.startswith("weights.")
+        owner: size for owner, size in ledger.bytes_by_owner.items() if owner.startswith("weights.")
     }
     assert weights == {owner: size for owner, size in plan.items() if size}
     float_config = model_config_from_hf_file(saved[case].float_path)

@@ -13,6 +13,7 @@ import attrs
 import pytest
 import torch
 from metrale_testing.fp8_checkpoints import LAYOUTS, convert_to_fp8
+from metrale_testing.recording_allocator import RecordingAllocator
 from safetensors.torch import load_file
 from torch import nn
 
@@ -29,7 +30,6 @@ from metrale_model_arch.weight_format import Quantization, fp8_matrix_bytes
 
 from .test_fp8_checkpoints import (
     VOCAB_SIZE,
-    Ledger,
     float_model,
     greedy,
     load,
@@ -242,11 +242,13 @@ def test_the_plan_is_the_ledger_by_owner(
     float_path: Path, checkpoints: dict[str, Path], source: str, dtype: torch.dtype
 ) -> None:
     path = float_path if source == "float" else checkpoints[source]
-    ledger = Ledger()
+    ledger = RecordingAllocator()
     load(path, Quantization.FP8, ledger, dtype=dtype)
     config = model_config_from_hf_file(path)
     plan = weight_bytes(config, dtype.itemsize, Quantization.FP8)
-    weights = {name: size for name, size in ledger.by_owner.items() if name.startswith("weights.")}
+    weights = {
+        name: size for name, size in ledger.bytes_by_owner.items() if name.startswith("weights.")
+    }
     assert weights == {owner: size for owner, size in plan.by_owner().items() if size}
     # By hand: per layer q, k, v, o, gate, up, down at a byte a weight and 4 bytes a row,
     # two norms at the serve dtype; embeddings and the untied head at the serve dtype.

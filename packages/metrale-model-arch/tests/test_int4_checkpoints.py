@@ -7,7 +7,6 @@ the plan equal to what was allocated, owner by owner."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ import attrs
 import pytest
 import torch
 from metrale_testing.int4_checkpoints import save_int4_llama
+from metrale_testing.recording_allocator import RecordingAllocator
 from safetensors.torch import load_file, save_file
 
 from metrale_config import model_config_from_hf_file
@@ -66,20 +66,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dic
     return checkpoints
 
 
-class Ledger:
-    def __init__(self) -> None:
-        self.by_owner: dict[str, int] = defaultdict(int)
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.by_owner[owner] += tensor.nbytes
-        return tensor
-
-
 def load(
-    path: Path, quantization: Quantization, ledger: Ledger | None = None, **options: Any
+    path: Path, quantization: Quantization, ledger: RecordingAllocator | None = None, **options: Any
 ) -> LlamaForCausalLM:
     config = model_config_from_hf_file(path)
     model = load_safetensors_model(
@@ -88,7 +76,7 @@ def load(
         LoadOptions(
             dtype=torch.float32,
             quantization=quantization,
-            allocator=ledger or Ledger(),
+            allocator=ledger or RecordingAllocator(),
             **options,
         ),
     )
@@ -220,12 +208,12 @@ def test_the_plan_is_the_ledger_by_owner(
     saved: dict[str, tuple[Path, dict[str, Any]]], case: str, quantization: Quantization
 ) -> None:
     path, _ = saved[f"{case}/rtn"]
-    ledger = Ledger()
+    ledger = RecordingAllocator()
     load(path, quantization, ledger)
     config = model_config_from_hf_file(path)
     plan = weight_bytes(config, 4, quantization).by_owner()
     weights = {
-        owner: size for owner, size in ledger.by_owner.items() if owner.startswith("weights.")
+        owner: size for owner, size in ledger.bytes_by_owner.items() if owner.startswith("weights.")
     }
     assert weights == {owner: size for owner, size in plan.items() if size}
 

@@ -6,6 +6,7 @@ import mmap
 import attrs
 import pytest
 import torch
+from metrale_testing.recording_allocator import RecordingAllocator
 
 from metrale_config import ModelConfig, MoeConfig, model_config_from_hf_dict
 from metrale_model_arch.kv_cache import (
@@ -109,21 +110,6 @@ def test_empty_cache_is_refused(tiny_config: ModelConfig, num_blocks: int, block
             dtype=torch.float32,
             device="cpu",
         )
-
-
-class RecordingAllocator:
-    """Allocates like the server's ledger: bytes by owner."""
-
-    def __init__(self) -> None:
-        self.bytes_by_owner: dict[str, int] = {}
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        size = tensor.numel() * tensor.element_size()
-        self.bytes_by_owner[owner] = self.bytes_by_owner.get(owner, 0) + size
-        return tensor
 
 
 def family_configs(tiny: ModelConfig, glm: ModelConfig) -> dict[str, ModelConfig]:

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
-import torch
+from metrale_testing.recording_allocator import RecordingAllocator
 
 from metrale_config import ModelConfig
 from metrale_model_arch.memory import per_sequence_state_bytes
@@ -17,22 +15,10 @@ from .conftest import glm5_next_config
 MAX_SEQ_LEN = 1030  # 64 whole pools of 16: the indexer holds 1024 positions
 
 
-class CountingAllocator:
-    def __init__(self) -> None:
-        self.bytes_by_owner: Counter[str] = Counter()
-
-    def __call__(
-        self, owner: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        self.bytes_by_owner[owner] += tensor.numel() * tensor.element_size()
-        return tensor
-
-
 def test_the_allocation_is_the_seed_formula_times_the_slots(
     glm5_next_with_mtp: ModelConfig,
 ) -> None:
-    allocator = CountingAllocator()
+    allocator = RecordingAllocator()
     state = allocate_proposer_state(
         glm5_next_with_mtp, num_slots=3, max_seq_len=MAX_SEQ_LEN, device="cpu",
         allocator=allocator,
@@ -63,7 +49,7 @@ def test_an_unnamed_mtp_layer_of_glm5_drafts_with_dsa() -> None:
 
 
 def test_no_state_without_a_dsa_drafter(glm5_next: ModelConfig) -> None:
-    allocator = CountingAllocator()
+    allocator = RecordingAllocator()
     state = allocate_proposer_state(
         glm5_next, num_slots=3, max_seq_len=MAX_SEQ_LEN, device="cpu", allocator=allocator
     )
