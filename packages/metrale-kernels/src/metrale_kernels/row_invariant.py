@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -64,6 +64,30 @@ def row_invariant_linear(
     return torch.nn.functional.linear(padded, weight, bias)[:num_rows]
 
 
+def rows_match_alone(
+    linear: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, probe_rows: Sequence[int]
+) -> bool:
+    """Whether ``linear`` of the first ``n`` rows of ``x`` gives, for each ``n`` of
+    ``probe_rows``, every row's bits as ``linear`` of that row alone (every row of every call:
+    a kernel may keep a call's first rows and change others)."""
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(len(x))])
+    return all(torch.equal(linear(x[:num_rows]), alone[:num_rows]) for num_rows in probe_rows)
+
+
+def probe_row_tiling(is_invariant: Callable[[int, int], bool]) -> tuple[int, int] | None:
+    """``(tile, call rows)``: the least tile ``is_invariant(tile, MAX_CALL_ROWS)`` holds for,
+    else calls of exactly one ``SPLIT_TILES`` tile each (oneDNN's bf16 kernels on a CPU with AMX:
+    measured invariant only up to one tile of 32, or 64, rows, depending on the thread count and
+    the weight's layout); None when neither works."""
+    for tile in CANDIDATE_TILES:
+        if is_invariant(tile, MAX_CALL_ROWS):
+            return tile, MAX_CALL_ROWS
+    for tile in SPLIT_TILES:
+        if is_invariant(tile, tile):
+            return tile, tile
+    return None
+
+
 def _is_invariant(tile: int, call_rows: int, dtype: torch.dtype) -> bool:
     generator = torch.Generator().manual_seed(0)
     for cols, rows in _PROBE_SHAPES:
@@ -76,27 +100,15 @@ def _is_invariant(tile: int, call_rows: int, dtype: torch.dtype) -> bool:
             def linear(rows: torch.Tensor, weight: torch.Tensor = weight) -> torch.Tensor:
                 return row_invariant_linear(rows, weight, None, tile, call_rows=call_rows)
 
-            # Every row of every call: a kernel may keep a call's first rows and change others.
-            alone = torch.cat([linear(x[i : i + 1]) for i in range(len(x))])
-            for num_rows in _PROBE_ROWS:
-                if not torch.equal(linear(x[:num_rows]), alone[:num_rows]):
-                    return False
+            if not rows_match_alone(linear, x, _PROBE_ROWS):
+                return False
     return True
 
 
 @functools.cache
 def _row_tiling(dtype: torch.dtype) -> tuple[int, int] | None:
-    """(tile, call rows): the least tile that keeps padded calls of up to ``MAX_CALL_ROWS``
-    rows invariant; else calls of exactly one ``SPLIT_TILES`` tile each (oneDNN's bf16 kernels
-    on a CPU with AMX: measured invariant only up to one tile of 32, or 64, rows, depending on
-    the thread count and the weight's layout); None when neither works."""
-    for tile in CANDIDATE_TILES:
-        if _is_invariant(tile, MAX_CALL_ROWS, dtype):
-            return tile, MAX_CALL_ROWS
-    for tile in SPLIT_TILES:
-        if _is_invariant(tile, tile, dtype):
-            return tile, tile
-    return None
+    """(tile, call rows) that keep this machine's ``dtype`` matmuls row-invariant."""
+    return probe_row_tiling(lambda tile, call_rows: _is_invariant(tile, call_rows, dtype))
 
 
 def matmul_row_tile(dtype: torch.dtype = torch.float32) -> int | None:

@@ -23,7 +23,12 @@ import functools
 
 import torch
 
-from metrale_kernels.row_invariant import CANDIDATE_TILES, MAX_CALL_ROWS, SPLIT_TILES, padded_rows
+from metrale_kernels.row_invariant import (
+    MAX_CALL_ROWS,
+    padded_rows,
+    probe_row_tiling,
+    rows_match_alone,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -113,26 +118,16 @@ def _is_invariant(tile: int, call_rows: int, dtype: torch.dtype) -> bool:
                 ]
             )
 
-        # Every row of every call: a kernel may keep a call's first rows and change others.
-        alone = torch.cat([linear(x[i : i + 1]) for i in range(len(x))])
-        for num_rows in _PROBE_ROWS:
-            if not torch.equal(linear(x[:num_rows]), alone[:num_rows]):
-                return False
+        if not rows_match_alone(linear, x, _PROBE_ROWS):
+            return False
     return True
 
 
 @functools.cache
 def fp8_row_tiling(dtype: torch.dtype) -> tuple[int, int] | None:
     """``(tile, call rows)`` that make this machine's CPU ``torch._scaled_mm`` into ``dtype``
-    row-invariant: the least tile keeping padded calls of up to ``MAX_CALL_ROWS`` rows
-    invariant, else calls of exactly one ``SPLIT_TILES`` tile; None when neither does."""
-    for tile in CANDIDATE_TILES:
-        if _is_invariant(tile, MAX_CALL_ROWS, dtype):
-            return tile, MAX_CALL_ROWS
-    for tile in SPLIT_TILES:
-        if _is_invariant(tile, tile, dtype):
-            return tile, tile
-    return None
+    row-invariant (:func:`~metrale_kernels.row_invariant.probe_row_tiling`), or None."""
+    return probe_row_tiling(lambda tile, call_rows: _is_invariant(tile, call_rows, dtype))
 
 
 def scaled_mm_support_error(device: torch.device, dtype: torch.dtype) -> str | None:
