@@ -20,7 +20,7 @@ from metrale_kernels.cpu.backend import CpuBackend
 from metrale_kernels.cpu.native import NativeBuildError, NativeOps
 from metrale_kernels.reference.kv_quantization import QMAX
 from metrale_kernels.testing.native_layers import check_layer_ops
-from metrale_kernels.testing.paged_batches import batch_invariance, paged_batch
+from metrale_kernels.testing.paged_batches import PagedBatch, batch_invariance, paged_batch
 
 # (heads, kv_heads): group sizes 1, 3 and 4.
 HEAD_LAYOUTS = [(4, 4), (6, 2), (8, 2)]
@@ -91,6 +91,29 @@ CASES = [
 ]
 
 
+def cpu_batch(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    block_size: int,
+    seed_offset: int | None = None,
+) -> PagedBatch:
+    """A float32 CPU batch of 32-wide heads, seeded by its lengths (and ``block_size`` unless
+    ``seed_offset`` says otherwise)."""
+    return paged_batch(
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=32,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        block_size=block_size,
+        seed=sum(seq_lens) + (block_size if seed_offset is None else seed_offset),
+    )
+
+
 @pytest.mark.parametrize(("seq_lens", "query_lens"), CASES)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_LAYOUTS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -104,17 +127,7 @@ def test_paged_attention_matches_the_reference(
     block_size: int,
     sliding_window: int | None,
 ) -> None:
-    batch = paged_batch(
-        seq_lens=seq_lens,
-        query_lens=query_lens,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=32,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        block_size=block_size,
-        seed=sum(seq_lens) + block_size,
-    )
+    batch = cpu_batch(seq_lens, query_lens, num_heads, num_kv_heads, block_size)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.25, sliding_window)
     expected = TorchBackend().paged_attention(*args)
     got = backend.paged_attention(*args)
@@ -137,17 +150,7 @@ def test_paged_attention_with_sinks_matches_the_reference(
     num_kv_heads: int,
     sliding_window: int | None,
 ) -> None:
-    batch = paged_batch(
-        seq_lens=seq_lens,
-        query_lens=query_lens,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=32,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        block_size=5,
-        seed=sum(seq_lens),
-    )
+    batch = cpu_batch(seq_lens, query_lens, num_heads, num_kv_heads, block_size=5, seed_offset=0)
     # Sinks below and above the rows' scores: the largest logit of a softmax may be the sink.
     sinks = torch.linspace(-3.0, 8.0, num_heads)
     args = (batch.q, batch.k_cache, batch.v_cache, batch.metadata, 0.25, sliding_window)
