@@ -16,16 +16,28 @@ fp32 weights quantized by our own round-to-nearest writer
 layout and GPTQ's symmetric v1 layout, groups of 64 (SmolLM2's 576 features are not whole
 groups of 128; ``awq-g32`` and ``gptq-g32``: groups of 32), saved to a temporary directory
 and served as q4 (the projections repacked, embeddings and head int8). NOTE: the fp32 weights
-are the GGUF's Q4_1 values, on a grid ``m + d q`` per block of 32 that AWQ's and GPTQ's grids
-``(q - z) s`` (which hold 0) cannot follow, so these measure round-to-nearest int4 of
-already-4-bit weights. ``fp8-cal`` is ``fp8`` with GPTQ's error-compensating rounding
-(``met quantize --calibration``): Hessians from the float model reading the first 2048 tokens of
-``benches/data/calibration_text.txt`` (original prose, not the evaluation text), all layers at
-once. Measured (2 shared cores): fp8-cal 22.778 (+2.86%, llama.cpp-style +2.48%; fp8 +5.27%).
-The same rounding of gptq's int4 (not offered: ``met quantize`` refuses it) measured 45.295
-(+104.5%, gptq +55.4%): worse, though each layer's error on held-out text fell (517 -> 358 on
-three layers); GPTQ's sequential calibration (each layer's Hessian from the quantized layers
-before it) is not done.
+are the GGUF's Q4_1 values, on a grid ``m + d q`` per block of 32 (a float min ``m``) that AWQ's
+and GPTQ's grids ``(q - z) s`` (an integer zero ``z``) cannot follow: measured over the
+projections, the relative RMS error of round to nearest is 0 on Q4_1's own grid (float min,
+groups of 32), 8.0% with a float min in groups of 64, 8.2% for awq-g32, 9.4% awq, 9.9%
+gptq-g32, 10.7% gptq (every block of 32 spans 0: the integer zero is the whole loss at 32). So
+these measure int4 of already-4-bit weights, not of the bf16 weights issue 31's goals assume.
+``-cal`` (``fp8-cal``, ``awq-cal``, ``gptq-cal``, ``awq-g32-cal``, ``gptq-g32-cal``) is GPTQ's
+error-compensating rounding (``met quantize --calibration``, which offers it for fp8 only):
+sequential calibration (:mod:`metrale_model_arch.sequential_calibration`), the model rounded a
+layer at a time over the first 2048 tokens of ``benches/data/calibration_text.txt`` (original
+prose, not the evaluation text), each projection's Hessian from its inputs through the layers
+and projections rounded before it. Measured (2 shared Xeon cores, ``--formats
+fp32,fp8-cal,gptq,gptq-cal,awq-g32,gptq-g32 --max-tokens 4``), perplexity, all tokens: fp32
+22.144; fp8-cal 22.912 (+3.47%; llama.cpp-style +3.09%; the all-at-once Hessians of before:
++2.86%); gptq 34.419 (+55.4%), gptq-cal 47.257 (+113.4%); awq-g32 30.620 (+38.3%; awq-g32-cal
+33.521, +51.4%, in a run of its own); gptq-g32 34.732 (+56.8%); llama.cpp's Q4_1 22.504
+llama.cpp-style (+0.44% against fp32's 22.406). Calibrated int4 is worse than round to nearest
+though each layer's error on the text it saw falls 2.5-7x; calibrated on the evaluation text
+itself gptq measured 30.402 (+37%): 2048 tokens of one text overfit.
+``llama-perplexity``: llama.cpp's, given by ``--llama-perplexity`` or found where
+``/work/shared/tools/build-llama-server.sh`` builds it
+(``~/.cache/metrale-peers/llama.cpp/build/bin``).
 ``fp8`` (asked for by name too) is the fp32 weights quantized by our own writer
 (:mod:`metrale_model_arch.fp8_quantize`, as ``met quantize`` does) into DeepSeek-V3's block-wise
 FP8 layout (e4m3, a float32 scale per 128x128 block of each projection, the rest float32),
@@ -87,6 +99,10 @@ TEXT_PATH = Path(__file__).parent / "data" / "perplexity_text.txt"
 # NOTE: not the evaluation text: GPTQ calibrated on the text it is scored on would flatter it.
 CALIBRATION_PATH = Path(__file__).parent / "data" / "calibration_text.txt"
 BLOCK_SIZE = 16
+# Where /work/shared/tools/build-llama-server.sh (and benches/peer_llamacpp.py) build llama.cpp.
+DEFAULT_LLAMA_PERPLEXITY = (
+    Path.home() / ".cache" / "metrale-peers" / "llama.cpp" / "build" / "bin" / "llama-perplexity"
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,14 @@ FORMATS = {
     "gptq": Format("gptq", "float32", "q4", int4=("gptq", 64, True)),
     "awq-g32": Format("awq-g32", "float32", "q4", int4=("awq", 32, False)),
     "gptq-g32": Format("gptq-g32", "float32", "q4", int4=("gptq", 32, True)),
+    "awq-cal": Format("awq-cal", "float32", "q4", int4=("awq", 64, False), is_calibrated=True),
+    "gptq-cal": Format("gptq-cal", "float32", "q4", int4=("gptq", 64, True), is_calibrated=True),
+    "awq-g32-cal": Format(
+        "awq-g32-cal", "float32", "q4", int4=("awq", 32, False), is_calibrated=True
+    ),
+    "gptq-g32-cal": Format(
+        "gptq-g32-cal", "float32", "q4", int4=("gptq", 32, True), is_calibrated=True
+    ),
     "fp8": Format("fp8", "float32", "none", fp8_block=(128, 128)),
     "fp8-cal": Format("fp8-cal", "float32", "none", fp8_block=(128, 128), is_calibrated=True),
     "fp8-online": Format("fp8-online", "float32", "fp8"),
@@ -210,15 +234,6 @@ def make_llm(fmt: Format, scratch: Path) -> LLM:
     return LLM(model=str(write_int4(fmt, scratch)), dtype=fmt.dtype, quantization=fmt.quantization)
 
 
-def fp8_online_llm(fmt: Format, scratch: Path) -> LLM:
-    """``--quantization fp8`` (W8A8: fp8 weights per channel, activations fp8 per token) of the
-    fp32 weights, written as a float32 safetensors directory first: fp8 refuses the Q4_1 GGUF."""
-    from fp8_speed import write_float_checkpoint
-
-    model = write_float_checkpoint(scratch / fmt.name, torch.float32)
-    return LLM(model=str(model), dtype=fmt.dtype, quantization=fmt.quantization)
-
-
 def write_fp8(fmt: Format, scratch: Path) -> Path:
     """The default model's fp32 weights as a block-wise FP8 checkpoint (the rest fp32), with its
     tokenizer (``met quantize --method fp8`` writes the rest bfloat16)."""
@@ -232,6 +247,15 @@ def write_fp8(fmt: Format, scratch: Path) -> Path:
         method=QuantizeMethod.FP8, fp8_layout=layout, calibration=calibration_for(fmt)
     )
     return quantize_checkpoint(resolve_model(None), scratch / fmt.name, spec).out
+
+
+def fp8_online_llm(fmt: Format, scratch: Path) -> LLM:
+    """``--quantization fp8`` (W8A8: fp8 weights per channel, activations fp8 per token) of the
+    fp32 weights, written as a float32 safetensors directory first: fp8 refuses the Q4_1 GGUF."""
+    from fp8_speed import write_float_checkpoint
+
+    model = write_float_checkpoint(scratch / fmt.name, torch.float32)
+    return LLM(model=str(model), dtype=fmt.dtype, quantization=fmt.quantization)
 
 
 def write_int4(fmt: Format, scratch: Path) -> Path:
@@ -438,7 +462,11 @@ def main() -> None:
     parser.add_argument("--text", type=Path, default=TEXT_PATH)
     parser.add_argument("--ctx", type=int, default=512, help="perplexity chunk length")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
-    parser.add_argument("--llama-perplexity", type=Path, help="llama.cpp's llama-perplexity")
+    parser.add_argument(
+        "--llama-perplexity",
+        type=Path,
+        help=f"llama.cpp's llama-perplexity (default: {DEFAULT_LLAMA_PERPLEXITY} where built)",
+    )
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
@@ -479,11 +507,17 @@ def main() -> None:
         if name != "fp32"
     }
     llama_cpp = None
-    if args.llama_perplexity is not None and gguf is not None:
+    binary = args.llama_perplexity
+    if binary is None and DEFAULT_LLAMA_PERPLEXITY.is_file():
+        binary = DEFAULT_LLAMA_PERPLEXITY
+    if binary is None:
+        print(
+            "llama.cpp's Q4_1 not measured: no --llama-perplexity given, none at "
+            f"{DEFAULT_LLAMA_PERPLEXITY}"
+        )
+    elif gguf is not None:
         try:
-            llama_cpp = run_llama_perplexity(
-                args.llama_perplexity, gguf, args.text, args.ctx, args.llama_threads
-            )
+            llama_cpp = run_llama_perplexity(binary, gguf, args.text, args.ctx, args.llama_threads)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
             print(f"llama-perplexity did not give a figure: {error}")
 

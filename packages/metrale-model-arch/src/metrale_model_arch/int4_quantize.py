@@ -103,13 +103,29 @@ def gptq_int4(
 ) -> dict[str, torch.Tensor]:
     """As :func:`~metrale_model_arch.int4_quantize.quantize_int4`, GPTQ-rounded with
     ``hessian``."""
+    rounder, _ = gptq_int4_rounded(
+        weight, hessian, group_size, method=method, is_symmetric=is_symmetric
+    )
+    return pack_int4(rounder.values, rounder.scales, rounder.zeros, group_size, method=method)
+
+
+def gptq_int4_rounded(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    group_size: int,
+    *,
+    method: Int4Method,
+    is_symmetric: bool,
+) -> tuple[Int4GroupRounder, torch.Tensor]:
+    """GPTQ's rounding of ``weight``: its levels, scales and zeros, and the weight they
+    dequantize to (float32)."""
     rows, cols = weight.shape
     check_int4_shape(rows, cols, group_size)
     rounder = Int4GroupRounder(rows, cols, group_size, method=method, is_symmetric=is_symmetric)
     # NOTE: a block holds whole groups, so a group's first column sees the whole group updated.
     block_columns = group_size * max(1, BLOCK_COLUMNS // group_size)
-    gptq_round(weight, hessian, rounder, block_columns=block_columns)
-    return pack_int4(rounder.values, rounder.scales, rounder.zeros, group_size, method=method)
+    rounded = gptq_round(weight, hessian, rounder, block_columns=block_columns)
+    return rounder, rounded
 
 
 class Int4GroupRounder:

@@ -4,10 +4,12 @@ an AWQ, GPTQ or FP8 safetensors directory that the loaders read, with its tokeni
 The weights stream from the source one at a time into :mod:`~metrale_model_arch.int4_quantize`
 or :mod:`~metrale_model_arch.fp8_quantize`, and the output is written a shard at a time: what is
 held is one float weight and one shard.
-With a calibration text (:class:`~metrale_model_arch.calibration.Calibration`; fp8 of the llama
-family only), the float model reads it first and each projection is GPTQ-rounded with its
-Hessian; the Hessians, ``in x in`` float32 per projection input, are held while the weights
-stream.
+With a calibration text (:class:`~metrale_model_arch.calibration.Calibration`; the llama
+family only), the float model is first rounded a layer at a time as GPTQ does
+(:mod:`~metrale_model_arch.sequential_calibration`), each projection's Hessian from its inputs
+through the layers rounded before it; the Hessians, ``in x in`` float32 per projection input, are
+held while the weights stream, and each weight is GPTQ-rounded with its own again as it comes
+(the same rounding, so the same result).
 The directory is written beside ``out`` and renamed into place when complete.
 """
 
@@ -32,12 +34,18 @@ from metrale_config import (
     model_config_from_hf_file,
     read_gguf_header,
 )
-from metrale_model_arch.calibration import Calibration, calibration_hessians
+from metrale_model_arch.calibration import Calibration
 from metrale_model_arch.chat_template import CHAT_TEMPLATE_FILE, GGUF_CHAT_TEMPLATE_KEY
-from metrale_model_arch.fp8_quantize import BLOCK_128, Fp8Layout, is_fp8_target
+from metrale_model_arch.fp8_quantize import (
+    BLOCK_128,
+    Fp8Layout,
+    dequantized,
+    gptq_fp8,
+    is_fp8_target,
+)
 from metrale_model_arch.fp8_quantize import write_fp8_checkpoint as write_fp8
 from metrale_model_arch.int4_format import INT4_MODEL_TYPES
-from metrale_model_arch.int4_quantize import PROJECTION, write_int4_checkpoint
+from metrale_model_arch.int4_quantize import PROJECTION, gptq_int4_rounded, write_int4_checkpoint
 from metrale_model_arch.loading.gguf_loader import iter_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import checkpoint_tensor_names, iter_safetensors
 from metrale_model_arch.model_source import ModelSource
@@ -47,6 +55,7 @@ from metrale_model_arch.quantized_checkpoint import (
     DEFAULT_MAX_SHARD_BYTES,
     hf_config,
 )
+from metrale_model_arch.sequential_calibration import Rounding, sequential_hessians
 from metrale_model_arch.tokenizer import Tokenizer
 
 # Tried in turn when no group size is given: AutoAWQ's and GPTQ's default first.
@@ -130,7 +139,7 @@ def resolve_spec(config: ModelConfig, spec: QuantizeSpec) -> QuantizeSpec:
     if spec.max_shard_bytes <= 0:
         raise QuantizeError("max_shard_bytes", f"{spec.max_shard_bytes} is not a positive size")
     if spec.calibration is not None:
-        check_calibration(config, spec.method, spec.calibration)
+        check_calibration(config, spec.calibration)
     if spec.method == QuantizeMethod.FP8:
         if spec.group_size is not None:
             raise QuantizeError("group_size", "applies to awq and gptq (fp8 scales 128x128 blocks)")
@@ -169,19 +178,7 @@ def resolve_spec(config: ModelConfig, spec: QuantizeSpec) -> QuantizeSpec:
     return attrs.evolve(spec, group_size=group_size, is_symmetric=is_symmetric)
 
 
-def check_calibration(
-    config: ModelConfig, method: QuantizeMethod, calibration: Calibration
-) -> None:
-    if method != QuantizeMethod.FP8:
-        # NOTE: the int4 rounding (int4_quantize.gptq_int4) is built and lowers each layer's
-        # error, but calibrated from the float model at once it measured worse end to end on
-        # the bundled model (perplexity +104.5% against round to nearest's +55.4%); not offered
-        # until each layer's Hessian comes from the quantized layers before it.
-        raise QuantizeError(
-            "calibration",
-            f"is offered for fp8 only: calibrated {method} int4 measured worse than round to "
-            "nearest on SmolLM2-135M (perplexity +104.5% against +55.4%)",
-        )
+def check_calibration(config: ModelConfig, calibration: Calibration) -> None:
     if config.model_type not in INT4_MODEL_TYPES:
         supported = ", ".join(sorted(INT4_MODEL_TYPES))
         raise QuantizeError(
@@ -191,6 +188,26 @@ def check_calibration(
         raise QuantizeError("calibration_tokens", f"{calibration.num_tokens} is fewer than 2")
     if not calibration.text_path.is_file():
         raise QuantizeError("calibration", f"{calibration.text_path} is not a file")
+
+
+def calibrated_rounding(spec: QuantizeSpec) -> Rounding:
+    """The GPTQ rounding ``spec`` (resolved) writes, for :func:`sequential_hessians`."""
+    if spec.method == QuantizeMethod.FP8:
+        layout = spec.fp8_layout
+
+        def fp8(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> torch.Tensor:
+            return dequantized(*gptq_fp8(weight, hessian, layout), layout)
+
+        return fp8
+    assert spec.group_size is not None
+    group_size, method = spec.group_size, Int4Method(str(spec.method))
+
+    def int4(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> torch.Tensor:
+        return gptq_int4_rounded(
+            weight, hessian, group_size, method=method, is_symmetric=bool(spec.is_symmetric)
+        )[1]
+
+    return int4
 
 
 def read_float_checkpoint(source: ModelSource) -> FloatCheckpoint:
@@ -232,7 +249,7 @@ def quantize_checkpoint(source: ModelSource, out: str | Path, spec: QuantizeSpec
     hessians = None
     if spec.calibration is not None:
         try:
-            hessians = calibration_hessians(source, spec.calibration)
+            hessians = sequential_hessians(source, spec.calibration, calibrated_rounding(spec))
         except (ValueError, UnicodeDecodeError) as error:
             raise QuantizeError("calibration", str(error)) from error
     is_target = PROJECTION.fullmatch if spec.method != QuantizeMethod.FP8 else None
