@@ -15,6 +15,7 @@ from torch import nn
 
 from metrale_kernels import KernelBackend
 from metrale_model_arch.allocator import TensorAllocator
+from metrale_model_arch.families.linear_swap import swap_in_linears
 from metrale_model_arch.fp8_quantize import Fp8Layout, quantize_fp8
 from metrale_model_arch.fp8_rows import Fp8Rows
 
@@ -70,12 +71,4 @@ def swap_in_fp8(
     """Replace every ``nn.Linear`` whose attribute name is in ``linear_names`` with its fp8
     stand-in (on the meta device, before loading); returns them by the checkpoint parameter
     each replaces (``<module>.weight``)."""
-    to_fill: dict[str, Fp8Linear] = {}
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or name.rpartition(".")[2] not in linear_names:
-            continue
-        replacement = Fp8Linear(module, backend)
-        to_fill[f"{name}.weight"] = replacement
-        parent_name, _, attribute = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attribute, replacement)
-    return to_fill
+    return swap_in_linears(model, linear_names, lambda linear: Fp8Linear(linear, backend))

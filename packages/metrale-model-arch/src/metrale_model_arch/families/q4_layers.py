@@ -14,6 +14,7 @@ from torch import nn
 from metrale_kernels import KernelBackend, q4_shape_error, quantize_q4
 from metrale_kernels.reference.q4_matmul import Q4_BLOCK, Q4_PANEL
 from metrale_model_arch.allocator import TensorAllocator
+from metrale_model_arch.families.linear_swap import swap_in_linears
 from metrale_model_arch.q4_1_blocks import Q4_1Blocks
 
 _BLOCK_BYTES = Q4_BLOCK * Q4_PANEL // 2
@@ -86,15 +87,4 @@ def swap_in_q4(
     :class:`Q4Linear` (on the meta device, before loading); the stand-ins by the checkpoint
     parameter each replaces (``<module>.weight``). Raises ``ValueError`` for a shape the
     blocks cannot tile."""
-    to_fill: dict[str, Q4Linear] = {}
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or name.rpartition(".")[2] not in linear_names:
-            continue
-        try:
-            replacement = Q4Linear(module, backend)
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-        to_fill[f"{name}.weight"] = replacement
-        parent_name, _, attribute = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attribute, replacement)
-    return to_fill
+    return swap_in_linears(model, linear_names, lambda linear: Q4Linear(linear, backend))
