@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from metrale_config import ModelConfig
 from metrale_model_arch.kv_cache_dtype import KvCacheDtype
-from metrale_model_arch.memory.state_pools import state_bytes_per_slot, state_pool_bytes
+from metrale_model_arch.memory.state_pools import state_bytes_per_slot
 from metrale_model_arch.owners import SLIDING_WINDOW_KV
 from metrale_model_arch.registry import cache_specs
 from metrale_model_arch.sliding_window_ring import RingLayout
@@ -35,8 +35,8 @@ def sliding_window_kv_bytes(
     *,
     kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO,
 ) -> int:
-    """The rings of ``max_batch_size`` slots (0 counts as 1)."""
-    specs = cache_specs(config, indexer_paged=True, kv_cache_dtype=kv_cache_dtype, ring=ring)
-    return state_pool_bytes(
-        specs, SLIDING_WINDOW_KV, max(max_batch_size, 1), ring.max_seq_len, dtype_bytes
+    """The rings of ``max_batch_size`` slots (0 counts as 1; a ring pool has no dummy slot)."""
+    per_slot = sliding_window_kv_bytes_per_slot(
+        config, dtype_bytes, ring, kv_cache_dtype=kv_cache_dtype
     )
+    return max(max_batch_size, 1) * per_slot
