@@ -16,19 +16,19 @@ import pytest
 import torch
 from metrale_testing import randomize_weights
 from metrale_testing.gguf_parity import (
+    ConvertedCheckpoint,
     as_the_file_holds,
+    assert_gguf_logits_equal,
+    assert_gguf_weights_equal,
     model_fields,
-    prefill_logits,
 )
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
 
 from metrale_config import model_config_from_gguf, model_config_from_hf_file, read_gguf_header
 from metrale_model_arch import LoadOptions
-from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.deepseek import DeepseekForCausalLM
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
-from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -156,21 +156,6 @@ CASES = {
 OPTIONS = LoadOptions(dtype=torch.float32, device="cpu")
 
 
-@attrs.frozen(kw_only=True)
-class Converted:
-    name: str
-    checkpoint_dir: Path
-    f32: Path
-    q8_0: Path
-
-    def path(self, qtype: Q) -> Path:
-        return self.f32 if qtype == Q.F32 else self.q8_0
-
-    def load_safetensors(self) -> CausalLM:
-        config = model_config_from_hf_file(self.checkpoint_dir)
-        return load_safetensors_model(self.checkpoint_dir, config, OPTIONS)
-
-
 def save_tiny_deepseek(path: Path, model_type: str, **kwargs: Any) -> None:
     config_class, model_class = HF_CLASSES[model_type]
     hf_model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs))
@@ -184,7 +169,7 @@ def save_tiny_deepseek(path: Path, model_type: str, **kwargs: Any) -> None:
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Converted:
+) -> ConvertedCheckpoint:
     case = CASES[request.param]
     path = tmp_path_factory.mktemp(request.param)
     checkpoint_dir = path / "hf"
@@ -194,7 +179,7 @@ def converted(
         out = path / f"model-{qtype.name.lower()}.gguf"
         return convert_to_gguf(checkpoint_dir, out, qtype, legacy_mla=case.legacy_mla)
 
-    return Converted(
+    return ConvertedCheckpoint(
         name=request.param,
         checkpoint_dir=checkpoint_dir,
         f32=convert(Q.F32),
@@ -202,21 +187,21 @@ def converted(
     )
 
 
-def test_the_file_has_the_case_layout(converted: Converted) -> None:
+def test_the_file_has_the_case_layout(converted: ConvertedCheckpoint) -> None:
     names = {tensor.name for tensor in gguf.GGUFReader(converted.f32).tensors}
     is_legacy = CASES[converted.name].legacy_mla
     assert ("blk.0.attn_kv_b.weight" in names) == is_legacy
     assert ("blk.0.attn_k_b.weight" in names) == (not is_legacy)
 
 
-def test_header_config_equals_config_json(converted: Converted) -> None:
+def test_header_config_equals_config_json(converted: ConvertedCheckpoint) -> None:
     from_json = model_config_from_hf_file(converted.checkpoint_dir)
     from_gguf = model_config_from_gguf(converted.f32)
     assert from_gguf.model_type == CASES[converted.name].model_type
     assert model_fields(from_gguf) == model_fields(from_json)
 
 
-def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
+def expected_state(converted: ConvertedCheckpoint, qtype: Q) -> dict[str, torch.Tensor]:
     """The safetensors load's weights as a ``qtype`` file holds them; ``kv_b_proj`` as its
     halves are held when the file splits it."""
     state = converted.load_safetensors().state_dict()
@@ -248,29 +233,23 @@ def split_as_the_file_holds(kv_b: np.ndarray, nope: int, v: int, qtype: Q) -> np
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> None:
-    expected = expected_state(converted, qtype)
+def test_weights_equal_the_safetensors_load(converted: ConvertedCheckpoint, qtype: Q) -> None:
     loaded = load_gguf_model(converted.path(qtype), OPTIONS).state_dict()
-    assert loaded.keys() == expected.keys()
-    for name, tensor in loaded.items():
-        assert torch.equal(tensor, expected[name]), name
+    assert_gguf_weights_equal(loaded, expected_state(converted, qtype))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_prefill_logits_match_the_safetensors_load(
-    converted: Converted, qtype: Q, paged_runner: Any
+    converted: ConvertedCheckpoint, qtype: Q, paged_runner: Any
 ) -> None:
     gguf_model = load_gguf_model(converted.path(qtype), OPTIONS)
     assert isinstance(gguf_model, DeepseekForCausalLM)
-    ours = prefill_logits(gguf_model, paged_runner)
-    reference = converted.load_safetensors()
-    reference.load_state_dict(expected_state(converted, qtype))
-    expected = prefill_logits(reference, paged_runner)
-    for seq_id, logits in expected.items():
-        torch.testing.assert_close(ours[seq_id], logits, atol=1e-5, rtol=0)
+    assert_gguf_logits_equal(
+        gguf_model, converted.load_safetensors(), expected_state(converted, qtype), paged_runner
+    )
 
 
-def test_a_lone_half_of_kv_b_is_refused(converted: Converted) -> None:
+def test_a_lone_half_of_kv_b_is_refused(converted: ConvertedCheckpoint) -> None:
     """One of llama.cpp's two halves without the other (the split file less its ``attn_v_b``;
     the whole file's ``attn_kv_b`` named as a half) names the tensor it cannot rebuild."""
     header = read_gguf_header(converted.f32)

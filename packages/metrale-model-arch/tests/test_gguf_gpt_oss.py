@@ -10,22 +10,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import gguf
 import numpy as np
 import pytest
 import torch
-from metrale_testing.gguf_parity import as_the_file_holds, model_fields, prefill_logits
+from metrale_testing.gguf_parity import (
+    ConvertedCheckpoint,
+    as_the_file_holds,
+    assert_gguf_logits_equal,
+    assert_gguf_weights_equal,
+    model_fields,
+)
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
 from safetensors.torch import load_file, save_file
 
 from metrale_config import model_config_from_gguf, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
-from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.gpt_oss import GptOssForCausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.mxfp4_checkpoints import E8M0_BIAS
-from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -63,21 +66,6 @@ EXPERT_PROJECTIONS = {
     "gate_up_proj": (2 * SMALL["intermediate_size"], SMALL["hidden_size"]),
     "down_proj": (SMALL["hidden_size"], SMALL["intermediate_size"]),
 }
-
-
-@attrs.frozen(kw_only=True)
-class Converted:
-    name: str
-    checkpoint_dir: Path
-    f32: Path
-    q8_0: Path
-
-    def path(self, qtype: Q) -> Path:
-        return self.f32 if qtype == Q.F32 else self.q8_0
-
-    def load_safetensors(self) -> CausalLM:
-        config = model_config_from_hf_file(self.checkpoint_dir)
-        return load_safetensors_model(self.checkpoint_dir, config, OPTIONS)
 
 
 def save_tiny_gpt_oss(path: Path, is_mxfp4: bool) -> None:
@@ -118,11 +106,11 @@ def as_mxfp4_checkpoint(path: Path, generator: torch.Generator) -> None:
 @pytest.fixture(scope="module", params=CASES)
 def converted(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Converted:
+) -> ConvertedCheckpoint:
     path = tmp_path_factory.mktemp(request.param)
     checkpoint_dir = path / "hf"
     save_tiny_gpt_oss(checkpoint_dir, is_mxfp4=request.param == "mxfp4-experts")
-    return Converted(
+    return ConvertedCheckpoint(
         name=request.param,
         checkpoint_dir=checkpoint_dir,
         f32=convert_to_gguf(checkpoint_dir, path / "model-f32.gguf", Q.F32),
@@ -130,21 +118,21 @@ def converted(
     )
 
 
-def test_the_experts_have_the_case_type(converted: Converted) -> None:
+def test_the_experts_have_the_case_type(converted: ConvertedCheckpoint) -> None:
     types = {tensor.name: tensor.tensor_type for tensor in gguf.GGUFReader(converted.q8_0).tensors}
     want = Q.MXFP4 if converted.name == "mxfp4-experts" else Q.Q8_0
     for part in ("gate", "up", "down"):
         assert types[f"blk.0.ffn_{part}_exps.weight"] == want
 
 
-def test_header_config_equals_config_json(converted: Converted) -> None:
+def test_header_config_equals_config_json(converted: ConvertedCheckpoint) -> None:
     from_json = model_config_from_hf_file(converted.checkpoint_dir)
     from_gguf = model_config_from_gguf(converted.f32)
     assert from_gguf.model_type == "gpt_oss"
     assert model_fields(from_gguf) == model_fields(from_json)
 
 
-def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
+def expected_state(converted: ConvertedCheckpoint, qtype: Q) -> dict[str, torch.Tensor]:
     """The safetensors load's weights as a ``qtype`` file holds them: the float experts' gate,
     up and down as llama.cpp lays them out (MXFP4 experts are exact either way)."""
     state = converted.load_safetensors().state_dict()
@@ -170,23 +158,17 @@ def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> None:
-    expected = expected_state(converted, qtype)
+def test_weights_equal_the_safetensors_load(converted: ConvertedCheckpoint, qtype: Q) -> None:
     loaded = load_gguf_model(converted.path(qtype), OPTIONS).state_dict()
-    assert loaded.keys() == expected.keys()
-    for name, tensor in loaded.items():
-        assert torch.equal(tensor, expected[name]), name
+    assert_gguf_weights_equal(loaded, expected_state(converted, qtype))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_prefill_logits_match_the_safetensors_load(
-    converted: Converted, qtype: Q, paged_runner: Any
+    converted: ConvertedCheckpoint, qtype: Q, paged_runner: Any
 ) -> None:
     gguf_model = load_gguf_model(converted.path(qtype), OPTIONS)
     assert isinstance(gguf_model, GptOssForCausalLM)
-    ours = prefill_logits(gguf_model, paged_runner)
-    reference = converted.load_safetensors()
-    reference.load_state_dict(expected_state(converted, qtype))
-    expected = prefill_logits(reference, paged_runner)
-    for seq_id, logits in expected.items():
-        torch.testing.assert_close(ours[seq_id], logits, atol=1e-5, rtol=0)
+    assert_gguf_logits_equal(
+        gguf_model, converted.load_safetensors(), expected_state(converted, qtype), paged_runner
+    )

@@ -18,9 +18,10 @@ import pytest
 import torch
 from metrale_testing import randomize_weights
 from metrale_testing.gguf_parity import (
+    ConvertedCheckpoint,
     as_the_file_holds,
-    assert_linear_state_logits_equal,
-    assert_linear_state_weights_equal,
+    assert_gguf_logits_equal,
+    assert_gguf_weights_equal,
     model_fields,
 )
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
@@ -34,10 +35,8 @@ from metrale_config import (
     read_gguf_header,
 )
 from metrale_model_arch import LoadOptions
-from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.kimi_linear import KimiLinearForCausalLM
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
-from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,21 +93,6 @@ OPTIONS = LoadOptions(dtype=torch.float32, device="cpu")
 _DENSE_FFN = re.compile(r"(model\.layers\.\d+\.)block_sparse_moe\.(gate|up|down)_proj\.weight")
 
 
-@attrs.frozen(kw_only=True)
-class Converted:
-    name: str
-    checkpoint_dir: Path
-    f32: Path
-    q8_0: Path
-
-    def path(self, qtype: Q) -> Path:
-        return self.f32 if qtype == Q.F32 else self.q8_0
-
-    def load_safetensors(self) -> CausalLM:
-        config = model_config_from_hf_file(self.checkpoint_dir)
-        return load_safetensors_model(self.checkpoint_dir, config, OPTIONS)
-
-
 def save_moonshot_form(path: Path, **kwargs: Any) -> None:
     """A random transformers Kimi Linear saved as Moonshot publishes it: the config's
     ``linear_attn_config`` (1-based layer lists), ``first_k_dense_replace`` and
@@ -139,11 +123,11 @@ def save_moonshot_form(path: Path, **kwargs: Any) -> None:
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Converted:
+) -> ConvertedCheckpoint:
     path = tmp_path_factory.mktemp(request.param)
     checkpoint_dir = path / "hf"
     save_moonshot_form(checkpoint_dir, **SMALL, **CASES[request.param])
-    return Converted(
+    return ConvertedCheckpoint(
         name=request.param,
         checkpoint_dir=checkpoint_dir,
         f32=convert_to_gguf(checkpoint_dir, path / "model-f32.gguf", Q.F32),
@@ -151,7 +135,7 @@ def converted(
     )
 
 
-def test_the_file_has_llama_cpp_layout(converted: Converted) -> None:
+def test_the_file_has_llama_cpp_layout(converted: ConvertedCheckpoint) -> None:
     reader = gguf.GGUFReader(converted.q8_0)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     kda = CASES[converted.name]["layer_types"].index(LINEAR)
@@ -169,14 +153,14 @@ def test_the_file_has_llama_cpp_layout(converted: Converted) -> None:
     assert counts == [int(kind == FULL) for kind in CASES[converted.name]["layer_types"]]
 
 
-def test_header_config_equals_config_json(converted: Converted) -> None:
+def test_header_config_equals_config_json(converted: ConvertedCheckpoint) -> None:
     from_json = model_config_from_hf_file(converted.checkpoint_dir)
     from_gguf = model_config_from_gguf(converted.f32)
     assert from_gguf.model_type == "kimi_linear"
     assert model_fields(from_gguf) == model_fields(from_json)
 
 
-def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
+def expected_state(converted: ConvertedCheckpoint, qtype: Q) -> dict[str, torch.Tensor]:
     """The safetensors load's weights as a ``qtype`` file holds them: matrices in ``qtype`` but
     the routers; ``kv_b_proj`` as its halves are held."""
     config = model_config_from_hf_file(converted.checkpoint_dir)
@@ -200,28 +184,26 @@ def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> None:
+def test_weights_equal_the_safetensors_load(converted: ConvertedCheckpoint, qtype: Q) -> None:
     loaded = load_gguf_model(converted.path(qtype), OPTIONS).state_dict()
-    assert_linear_state_weights_equal(loaded, expected_state(converted, qtype))
+    assert_gguf_weights_equal(loaded, expected_state(converted, qtype))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_prefill_logits_match_the_safetensors_load(
-    converted: Converted, qtype: Q, paged_runner: Any
+    converted: ConvertedCheckpoint, qtype: Q, paged_runner: Any
 ) -> None:
     gguf_model = load_gguf_model(converted.path(qtype), OPTIONS)
     assert isinstance(gguf_model, KimiLinearForCausalLM)
     reference = converted.load_safetensors()
-    assert_linear_state_logits_equal(
-        gguf_model, reference, expected_state(converted, qtype), paged_runner
-    )
+    assert_gguf_logits_equal(gguf_model, reference, expected_state(converted, qtype), paged_runner)
 
 
 @pytest.mark.parametrize(
     "key",
     ["kda.head_dim", "ssm.conv_kernel", "attention.key_length_mla", "expert_gating_func"],
 )
-def test_a_file_without_a_kimi_size_is_refused(converted: Converted, key: str) -> None:
+def test_a_file_without_a_kimi_size_is_refused(converted: ConvertedCheckpoint, key: str) -> None:
     header = read_gguf_header(converted.f32)
     fields = {name: value for name, value in header.fields.items() if name != f"kimi-linear.{key}"}
     with pytest.raises(ConfigError, match=re.escape(f"'kimi-linear.{key}'")):

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import torch
 from metrale_testing.gguf_parity import (
+    ConvertedCheckpoint,
     as_the_file_holds,
-    assert_linear_state_logits_equal,
-    assert_linear_state_weights_equal,
+    assert_gguf_logits_equal,
+    assert_gguf_weights_equal,
     model_fields,
 )
 from metrale_testing.llama_cpp_gguf import convert_to_gguf
@@ -29,18 +30,17 @@ from metrale_testing.qwen3_next_mtp import add_qwen3_next_mtp, save_tiny_qwen3_n
 from metrale_config import (
     ConfigError,
     GgufTensorInfo,
+    ModelConfig,
     model_config_from_gguf,
     model_config_from_gguf_header,
     model_config_from_hf_file,
     read_gguf_header,
 )
 from metrale_model_arch import LoadOptions, mtp_free_config
-from metrale_model_arch.families.base import CausalLM
 from metrale_model_arch.families.qwen3_next import Qwen3NextForCausalLM
 from metrale_model_arch.loading.errors import CheckpointError
 from metrale_model_arch.loading.gguf_loader import load_gguf_model
 from metrale_model_arch.loading.gguf_split_tensors import join_qkvz
-from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,18 +94,9 @@ OPTIONS = LoadOptions(dtype=torch.float32, device="cpu")
 
 
 @attrs.frozen(kw_only=True)
-class Converted:
-    name: str
-    checkpoint_dir: Path
-    f32: Path
-    q8_0: Path
-
-    def path(self, qtype: Q) -> Path:
-        return self.f32 if qtype == Q.F32 else self.q8_0
-
-    def load_safetensors(self) -> CausalLM:
-        config = mtp_free_config(model_config_from_hf_file(self.checkpoint_dir))
-        return load_safetensors_model(self.checkpoint_dir, config, OPTIONS)
+class Converted(ConvertedCheckpoint):
+    def safetensors_config(self) -> ModelConfig:
+        return mtp_free_config(super().safetensors_config())
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -162,7 +153,7 @@ def expected_state(converted: Converted, qtype: Q) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 def test_weights_equal_the_safetensors_load(converted: Converted, qtype: Q) -> None:
     loaded = load_gguf_model(converted.path(qtype), OPTIONS).state_dict()
-    assert_linear_state_weights_equal(loaded, expected_state(converted, qtype))
+    assert_gguf_weights_equal(loaded, expected_state(converted, qtype))
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
@@ -172,9 +163,7 @@ def test_prefill_logits_match_the_safetensors_load(
     gguf_model = load_gguf_model(converted.path(qtype), OPTIONS)
     assert isinstance(gguf_model, Qwen3NextForCausalLM)
     reference = converted.load_safetensors()
-    assert_linear_state_logits_equal(
-        gguf_model, reference, expected_state(converted, qtype), paged_runner
-    )
+    assert_gguf_logits_equal(gguf_model, reference, expected_state(converted, qtype), paged_runner)
 
 
 def test_split_qkvz_and_its_join_invert_each_other() -> None:

@@ -4,13 +4,17 @@ checkpoint it was converted from (:mod:`metrale_testing.llama_cpp_gguf`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 import gguf
 import numpy as np
+import torch
 
-from metrale_config import ModelConfig
+from metrale_config import ModelConfig, model_config_from_hf_file
+from metrale_model_arch import LoadOptions
+from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_testing.family_parity import random_prompts
 
 Q = gguf.GGMLQuantizationType
@@ -19,6 +23,28 @@ PROMPT_LENS = (1, 5, 11, 17, 26)
 PROVENANCE_FIELDS = frozenset(
     {"source", "architectures", "torch_dtype", "quantization_method", "gguf_projection_types"}
 )
+
+
+@attrs.frozen(kw_only=True)
+class ConvertedCheckpoint:
+    """A tiny safetensors checkpoint and its GGUFs as llama.cpp's converter writes them (F32 and
+    Q8_0)."""
+
+    name: str
+    checkpoint_dir: Path
+    f32: Path
+    q8_0: Path
+
+    def path(self, qtype: Q) -> Path:
+        return self.f32 if qtype == Q.F32 else self.q8_0
+
+    def safetensors_config(self) -> ModelConfig:
+        return model_config_from_hf_file(self.checkpoint_dir)
+
+    def load_safetensors(self) -> Any:
+        """The checkpoint loaded in float32 on the CPU, as the GGUF is."""
+        options = LoadOptions(dtype=torch.float32, device="cpu")
+        return load_safetensors_model(self.checkpoint_dir, self.safetensors_config(), options)
 
 
 def model_fields(config: ModelConfig) -> dict[str, Any]:
@@ -53,13 +79,9 @@ def prefill_logits(model: Any, paged_runner: Any) -> dict[int, Any]:
 A_LOG_ATOL = 2e-7
 
 
-def assert_linear_state_weights_equal(
-    loaded: Mapping[str, Any], expected: Mapping[str, Any]
-) -> None:
-    """A GGUF load's weights equal ``expected`` (what the file holds): exactly, but A_log
-    within :data:`A_LOG_ATOL`."""
-    import torch
-
+def assert_gguf_weights_equal(loaded: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """A GGUF load's weights equal ``expected`` (what the file holds): exactly, but a
+    linear-attention layer's A_log within :data:`A_LOG_ATOL`."""
     assert loaded.keys() == expected.keys()
     for name, tensor in loaded.items():
         if name.endswith("A_log"):
@@ -68,14 +90,13 @@ def assert_linear_state_weights_equal(
             assert torch.equal(tensor, expected[name]), name
 
 
-def assert_linear_state_logits_equal(
+def assert_gguf_logits_equal(
     gguf_model: Any, reference: Any, expected_state: dict[str, Any], paged_runner: Any
 ) -> None:
     """``gguf_model``'s prefill logits within 1e-5 of ``reference`` loaded with
-    ``expected_state`` and the file's own A_log: its ~1e-7 round trip alone moves logits of
-    size ~7 by up to 3.4e-5 (measured on Qwen3-Next); with it they agree exactly."""
-    import torch
-
+    ``expected_state`` and, for a linear-attention model, the file's own A_log: its ~1e-7
+    round trip alone moves logits of size ~7 by up to 3.4e-5 (measured on Qwen3-Next); with it
+    they agree exactly."""
     for name, tensor in gguf_model.state_dict().items():
         if name.endswith("A_log"):
             expected_state[name] = tensor
