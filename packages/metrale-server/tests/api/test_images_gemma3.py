@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from metrale_model_arch import Tokenizer
+from metrale_model_arch import Tokenizer, sliding_window_ring
 from metrale_model_arch.families.gemma3.vision.preprocess import preprocess_images
 from metrale_model_arch.families.gemma3.vision.processor_config import ImageProcessorConfig
 from metrale_model_arch.owners import ENCODER_CACHE, SLIDING_WINDOW_KV, VISION
@@ -166,3 +166,30 @@ def test_an_image_larger_than_a_step_is_refused(gemma3_dir: Path, serve_engine: 
         )
     assert response.status_code == 400, response.text
     assert "--max-prefill-tokens" in response.json()["error"]["message"]
+
+
+def test_an_image_larger_than_the_ring_step_is_refused(
+    gemma3_dir: Path, serve_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The step (16 tokens) holds an image's 6 with its markers, but a ring sized for 5-token
+    # steps caps each sequence's share below it: refused, not left waiting for ever.
+    monkeypatch.setattr(sliding_window_ring, "ring_step_tokens", lambda window, step: 5)
+    args = EngineArgs(model=str(gemma3_dir), dtype="float32", device="cpu", max_seq_len=256,
+                      max_batch_size=2, max_batch_tokens=16)  # fmt: skip
+    with serve_engine(build_engine(args), MODEL) as capped:
+        memory = capped.client.get("/memory").json()
+        assert memory["plan_by_owner"][SLIDING_WINDOW_KV] > 0
+        refused = capped.client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": question(1), "max_tokens": 2},
+        )
+        text = capped.client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        )
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]
+    assert "takes 6 tokens" in message
+    assert "the 5 one sequence runs" in message
+    assert "--sliding-window-cache full" in message
+    assert text.status_code == 200, text.text

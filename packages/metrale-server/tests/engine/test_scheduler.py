@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from metrale_server.engine.block_manager import BlockManager
@@ -11,12 +13,15 @@ from metrale_server.engine.sequence import Sequence, SequenceStatus
 from metrale_server.engine.sequence_group import SequenceGroup
 from metrale_server.sampling.params import SamplingParams
 
+# Every sequence its own id, as the engine gives them (drafts and slots are keyed by it).
+SEQ_IDS = itertools.count()
+
 
 def group(request_id: str, num_prompt_tokens: int, *, n: int = 1) -> SequenceGroup:
     params = SamplingParams(n=n, max_tokens=64)
     seqs = [
         Sequence(
-            seq_id=index,
+            seq_id=next(SEQ_IDS),
             request_id=request_id,
             prompt_token_ids=tuple(range(100, 100 + num_prompt_tokens)),
             params=params,
@@ -151,7 +156,6 @@ def test_a_per_sequence_step_cap_chunks_every_prompt_and_cuts_drafts() -> None:
         proposer=lambda seqs, max_tokens: [(1, 2, 3, 4, 5, 6)] * len(seqs),
     )
     a, b = group("a", 12), group("b", 3)
-    b.primary.seq_id = 1  # drafts are keyed by sequence id
     sched.add(a)
     sched.add(b)
     first = sched.schedule()

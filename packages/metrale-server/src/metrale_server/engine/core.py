@@ -244,7 +244,8 @@ class EngineCore:
                 prompt,
                 images,
                 images_per_prompt=self.args.images_per_prompt,
-                max_batch_tokens=self.args.max_batch_tokens,
+                # A sliding-window ring caps what one sequence runs in a step below the step.
+                max_batch_tokens=self.scheduler.config.seq_budget(self.args.max_batch_tokens),
             )
         except ValueError as error:
             raise RequestError(str(error)) from error

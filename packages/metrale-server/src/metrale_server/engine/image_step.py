@@ -59,7 +59,8 @@ class ImageStep:
     ) -> None:
         """``ValueError`` unless ``images`` stand exactly on ``prompt``'s image tokens, number
         at most ``images_per_prompt``, and (a model prefilling each image within one step) each
-        fits a step of ``max_batch_tokens`` with its begin and end markers."""
+        fits the ``max_batch_tokens`` one sequence may run in a step with its begin and end
+        markers."""
         if len(images) > images_per_prompt:
             raise ValueError(
                 f"the request has {len(images)} images; this server takes at most "
@@ -70,8 +71,9 @@ class ImageStep:
         if self.encoder.whole_images and largest > max_batch_tokens:
             raise ValueError(
                 f"an image takes {largest} tokens with its markers, which this model prefills in "
-                f"one step: more than the step's {max_batch_tokens} (met serve "
-                "--max-prefill-tokens)"
+                f"one step: more than the {max_batch_tokens} one sequence runs in a step (met "
+                "serve --max-prefill-tokens; or --sliding-window-cache full where a ring caps "
+                "the step)"
             )
 
     def rope_positions(
