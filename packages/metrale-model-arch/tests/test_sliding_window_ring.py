@@ -1,5 +1,6 @@
 """The ring math of sliding-window layers, against hand-computed numbers, and which layers a
-ring takes (the published configs: Gemma-3-27B, gpt-oss-120b, and mistral, which keeps them)."""
+ring takes (the published configs: Gemma-3-27B, gpt-oss-120b, Mistral-7B; a qwen2 whose last
+layers slide)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from metrale_config import model_config_from_hf_file
+from metrale_config import model_config_from_hf_dict, model_config_from_hf_file
 from metrale_model_arch.cache_spec import (
     FullAttentionSpec,
     SlidingWindowRingSpec,
@@ -37,6 +38,24 @@ DATA = Path(__file__).parent / "data"
 GEMMA3_27B = DATA / "gemma-3-27b-it" / "config.json"
 GPT_OSS_120B = DATA / "gpt-oss-120b" / "config.json"
 LAYOUT = RingLayout(block_size=16, max_batch_tokens=2048, max_seq_len=16384)
+# Mistral-7B-v0.1's config.json (a window of 4096 on every layer).
+MISTRAL_7B: dict[str, object] = {
+    "architectures": ["MistralForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
 
 
 def test_step_tokens_are_the_window_at_least_512_within_the_step_budget() -> None:
@@ -96,11 +115,48 @@ def test_gemma3_27b_rings_52_of_its_62_layers_quantized_as_the_pool() -> None:
     assert per_slot == 52 * 2 * 129 * 16 * 16 * (128 + 2)
 
 
-def test_llama_family_models_keep_their_window_in_the_pool() -> None:
-    config = model_config_from_hf_file(GEMMA3_27B)
-    mistral = attrs.evolve(config, model_type="mistral", layer_types=())
-    specs = cache_specs(mistral, indexer_paged=True, ring=LAYOUT)
-    assert not any(isinstance(s, SlidingWindowRingSpec) for s in specs)
+def test_mistral_7b_rings_every_layer() -> None:
+    config = model_config_from_hf_dict(MISTRAL_7B, source="Mistral-7B-v0.1")
+    specs = cache_specs(config, indexer_paged=True, ring=LAYOUT)
+    rings = [s for s in specs if isinstance(s, SlidingWindowRingSpec)]
+    # window 4096 + 2048 a step: 384 blocks of 16, and one more.
+    assert len(rings) == len(specs) == 32
+    assert {(r.ring_blocks, r.step_tokens) for r in rings} == {(385, 2048)}
+    assert kv_bytes_per_token(config, 2, indexer_paged=True, ring=LAYOUT) == 0
+    per_slot = 32 * 2 * 385 * 16 * 8 * 128 * 2
+    assert sliding_window_kv_bytes_per_slot(config, 2, LAYOUT) == per_slot
+
+
+def test_qwen2_rings_its_layers_from_max_window_layers_on() -> None:
+    qwen2 = {**MISTRAL_7B, "model_type": "qwen2", "use_sliding_window": True}
+    config = model_config_from_hf_dict({**qwen2, "max_window_layers": 28}, source="qwen2")
+    specs = cache_specs(config, indexer_paged=True, ring=LAYOUT)
+    assert [type(s) for s in specs] == [FullAttentionSpec] * 28 + [SlidingWindowRingSpec] * 4
+    # Without use_sliding_window no layer slides.
+    plain = model_config_from_hf_dict({**qwen2, "use_sliding_window": False}, source="qwen2")
+    specs = cache_specs(plain, indexer_paged=True, ring=LAYOUT)
+    assert {type(s) for s in specs} == {FullAttentionSpec}
+
+
+def test_the_plan_rings_mistral_7b_and_fits_every_slot_at_full_length() -> None:
+    config = model_config_from_hf_dict(MISTRAL_7B, source="Mistral-7B-v0.1")
+    inputs = PlanInputs(
+        device_kind="cuda",
+        total_bytes=80 * 2**30,
+        gpu_memory_utilization=0.9,
+        dtype_bytes=2,
+        max_seq_len=32768,
+        max_batch_size=32,
+    )
+    ringed = plan_memory(config, inputs)
+    pooled = plan_memory(config, attrs.evolve(inputs, sliding_window_cache=SlidingWindowCache.FULL))
+    assert ringed.ring is not None
+    assert pooled.ring is None
+    # 32 slots x 32 rings of 6160 tokens, K and V; the pool prices no layer.
+    assert ringed.by_owner()[SLIDING_WINDOW_KV] == 32 * 32 * 2 * 6160 * 8 * 128 * 2
+    assert ringed.kv_bytes_per_token == 0
+    assert ringed.max_kv_tokens == 32 * 32768
+    assert pooled.max_kv_tokens < 10 * 32768
 
 
 def test_a_bad_lever_value_is_named() -> None:

@@ -72,6 +72,7 @@ LLAMA = Architecture(
     param_counts=llama_param_counts,
     cache_specs=attention_cache_specs,
     int8_linears=frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}),
+    rings_sliding_window=True,
 )
 QWEN3_MOE = Architecture(
     model_type="qwen3_moe",
@@ -81,6 +82,7 @@ QWEN3_MOE = Architecture(
     param_counts=qwen3_moe_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
+    rings_sliding_window=True,
 )
 MIXTRAL = Architecture(
     model_type="mixtral",
@@ -90,6 +92,7 @@ MIXTRAL = Architecture(
     param_counts=mixtral_param_counts,
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.SLIDING_WINDOW}),
+    rings_sliding_window=True,
 )
 GLM5_NEXT = Architecture(
     model_type="glm5_next",
@@ -175,6 +178,7 @@ QWEN2_5_VL = Architecture(
     param_counts=qwen2_5_vl_param_counts,
     cache_specs=attention_cache_specs,
     traits=SLIDING,
+    rings_sliding_window=True,
 )
 # model type -> traits, llama.cpp names (granite and smollm3 convert as llama: permuted)
 DENSE_VARIANT_TYPES: dict[str, tuple[frozenset[Trait], GgufNames]] = {

@@ -127,10 +127,10 @@ class VariantAttention(LlamaAttention):
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        metadata = metadata.for_window(self.sliding_window)
         if self.softcap is None:
             return super().attend(q, k, v, kv_cache, metadata)
         # No kernel backend soft-caps scores (SDPA cannot): the row-invariant torch path does.
+        metadata = metadata.for_window(self.sliding_window)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         return row_invariant_attention(

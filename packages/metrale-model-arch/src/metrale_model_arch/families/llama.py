@@ -101,7 +101,10 @@ class LlamaAttention(nn.Module):
         kv_cache: LayerCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        """Write k, v into the paged cache and attend; ``(tokens, heads, head_dim)`` out."""
+        """Write k, v into the paged cache and attend; ``(tokens, heads, head_dim)`` out. A
+        sliding-window layer addresses its cache by its window's view of the step (its ring's,
+        where it keeps one)."""
+        metadata = metadata.for_window(self.sliding_window)
         k_cache, v_cache = kv_cache
         self.backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         return self.backend.paged_attention(

@@ -108,8 +108,10 @@ def native_decode_layer(
     kv_cache: LayerCache,
     metadata: AttentionMetadata,
 ) -> torch.Tensor:
-    """A decode-only step's whole layer in one call (token ``t`` is sequence ``t``'s query)."""
+    """A decode-only step's whole layer in one call (token ``t`` is sequence ``t``'s query);
+    a sliding-window layer writes and reads its cache by its window's view of the step."""
     attention, mlp = layer.self_attn, cast(LlamaMLP, layer.mlp)
+    metadata = metadata.for_window(attention.sliding_window)
     k_cache, v_cache = kv_cache
     return attention.backend.llama_decode_layer(
         hidden,

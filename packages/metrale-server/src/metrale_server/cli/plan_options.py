@@ -241,8 +241,9 @@ def plan_options(command: F) -> F:
             show_default=True,
             help="Where sliding-window layers keep their K/V. ring: each sequence holds only its "
             "window (and one step's tokens) in a ring of its own, so the KV pool prices those "
-            "layers at nothing and holds several times the tokens (gemma2, gemma3, gpt-oss and "
-            "the other dense variants; prefill is chunked to fit the ring, prefix caching is "
+            "layers at nothing and holds several times the tokens (every family with sliding "
+            "windows: gemma2, gemma3, gpt-oss, mistral, mixtral, qwen2, qwen3, qwen3_moe, "
+            "qwen2_5_vl, phi3, smollm3; prefill is chunked to fit the ring, prefix caching is "
             "off). full: every token in the KV pool, as full attention.",
         ),
         click.option(

@@ -13,7 +13,10 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from metrale_testing import save_random_model
 
+from metrale_model_arch import Tokenizer
+from metrale_model_arch.memory import SLIDING_WINDOW_KV
 from metrale_server import Engine, EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.distributed import WorkerLostError
 from metrale_server.engine.distributed.process_group import COLLECTIVE_TIMEOUT_S
@@ -63,6 +66,21 @@ def drain(engine: Engine) -> None:
         engine.step()
 
 
+@pytest.fixture(scope="module")
+def ringed_mistral_dir(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
+) -> Path:
+    # A window of 4 on both layers: each rank keeps its half of the heads' K/V in rings.
+    return save_random_model(
+        tmp_path_factory.mktemp("mistral"),
+        default_tokenizer,
+        "MistralConfig",
+        "MistralForCausalLM",
+        intermediate_size=96,
+        sliding_window=4,
+    )
+
+
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe"])
 def model_dir(
     request: pytest.FixtureRequest,
@@ -88,6 +106,26 @@ def test_two_ranks_match_one(model_dir: Path, num_kv_blocks: int) -> None:
         split.close()
     assert tokens == expected_tokens
     assert len(logits) == len(expected_logits)
+    for got, want in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
+
+
+def test_two_ranks_match_one_over_sliding_window_rings(ringed_mistral_dir: Path) -> None:
+    # No fixed pool, so the plan rings the windowed layers, each rank its heads' K/V; steps of
+    # 8 tokens make rings of 16 (a window of 4), which the 17-27 token sequences wrap.
+    args = attrs.evolve(
+        engine_args(ringed_mistral_dir, 1, 64), num_kv_blocks=None, max_batch_tokens=8
+    )
+    single = build_engine(args)
+    expected_tokens, expected_logits = run(single, max_tokens=12)
+    split = build_engine(attrs.evolve(args, tensor_parallel_size=2))
+    try:
+        tokens, logits = run(split, max_tokens=12)
+        rings = split.ledger.live_bytes_by_owner()[SLIDING_WINDOW_KV]
+        assert rings * 2 == single.ledger.live_bytes_by_owner()[SLIDING_WINDOW_KV]
+    finally:
+        split.close()
+    assert tokens == expected_tokens
     for got, want in zip(logits, expected_logits, strict=True):
         torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
 
