@@ -16,7 +16,8 @@ from metrale_model_arch.fp8_quantize import (
     quantize_fp8,
 )
 from metrale_model_arch.gptq import gptq_round, inverse_hessian_factor
-from metrale_model_arch.int4_quantize import gptq_int4, quantize_int4
+from metrale_model_arch.int4_gptq import gptq_int4
+from metrale_model_arch.int4_quantize import pack_int4, quantize_int4
 from metrale_model_arch.loading.int4_checkpoints import read_int4_projection
 
 ROWS, COLS, TOKENS = 64, 256, 1024
@@ -60,7 +61,8 @@ def test_int4_gptq_beats_round_to_nearest_in_the_same_layout(
     inputs = correlated_inputs()
     nearest = quantize_int4(weight(), group_size, method=method, is_symmetric=is_symmetric)
     h = hessian(inputs)
-    gptq = gptq_int4(weight(), h, group_size, method=method, is_symmetric=is_symmetric)
+    levels = gptq_int4(weight(), h, group_size, method=method, is_symmetric=is_symmetric)
+    gptq = pack_int4(levels, method=method)
     assert gptq.keys() == nearest.keys()
     for part, tensor in nearest.items():
         assert (gptq[part].shape, gptq[part].dtype) == (tensor.shape, tensor.dtype), part
@@ -89,7 +91,8 @@ def test_a_diagonal_hessian_is_round_to_nearest(
 ) -> None:
     diagonal = torch.diag(torch.rand(COLS, generator=torch.Generator().manual_seed(2)) + 0.5)
     nearest = quantize_int4(weight(), group_size, method=method, is_symmetric=is_symmetric)
-    gptq = gptq_int4(weight(), diagonal, group_size, method=method, is_symmetric=is_symmetric)
+    levels = gptq_int4(weight(), diagonal, group_size, method=method, is_symmetric=is_symmetric)
+    gptq = pack_int4(levels, method=method)
     assert all(torch.equal(gptq[part], nearest[part]) for part in nearest)
     q, _ = gptq_fp8(weight(), diagonal, BLOCK_128)
     nearest_q, _ = quantize_fp8(weight(), BLOCK_128)

@@ -16,7 +16,13 @@ from metrale_config import Int4Method, ModelConfig, model_config_from_hf_file
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.llama import LlamaForCausalLM
 from metrale_model_arch.families.q4_layers import Q4Linear
-from metrale_model_arch.int4_quantize import PROJECTION, quantize_int4, write_int4_checkpoint
+from metrale_model_arch.int4_gptq import gptq_int4
+from metrale_model_arch.int4_quantize import (
+    PROJECTION,
+    pack_int4,
+    quantize_int4,
+    write_int4_checkpoint,
+)
 from metrale_model_arch.loading.safetensors_loader import load_safetensors_model
 from metrale_model_arch.weight_format import Quantization
 
@@ -104,10 +110,11 @@ def test_written_checkpoints_load_as_round_to_nearest_levels(
     assert isinstance(model.model.layers[0].mlp.down_proj, Q4Linear)
 
 
-def test_awq_is_never_symmetric(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="AWQ has zero points"):
+@pytest.mark.parametrize("flag", ["is_symmetric", "desc_act"])
+def test_awq_is_never_symmetric_nor_desc_act(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(ValueError, match="AWQ has zero points and groups in order"):
         write_int4_checkpoint(
-            tmp_path, CONFIG, [], method=Int4Method.AWQ, group_size=32, is_symmetric=True
+            tmp_path, CONFIG, [], method=Int4Method.AWQ, group_size=32, **{flag: True}
         )
 
 
@@ -137,22 +144,53 @@ def test_round_to_nearest_writes_the_bytes_it_wrote_before_gptq(
     assert tensors_sha256(parts) == ROUND_TO_NEAREST_SHA256[method, is_symmetric]
 
 
-def test_a_projection_with_a_hessian_is_gptq_rounded_the_rest_as_without(tmp_path: Path) -> None:
+def test_a_projection_given_its_levels_is_written_as_them_the_rest_as_without(
+    tmp_path: Path,
+) -> None:
     weights = checkpoint_weights()
     gptq_name = "model.layers.0.self_attn.q_proj.weight"
     inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(3)) @ torch.randn(
         8, 64, generator=torch.Generator().manual_seed(4)
     )
-    hessians = {gptq_name: 2 * inputs.double().t() @ inputs.double() / 512}
-    for out, given in (("nearest", None), ("gptq", hessians)):
+    hessian = 2 * inputs.double().t() @ inputs.double() / 512
+    levels = gptq_int4(weights[gptq_name], hessian, 32, method=Int4Method.GPTQ, is_symmetric=True)
+    for out, given in (("nearest", None), ("gptq", {gptq_name: levels})):
         write_int4_checkpoint(
             tmp_path / out, CONFIG, weights.items(), method=Int4Method.GPTQ, group_size=32,
-            is_symmetric=True, hessians=given,
+            is_symmetric=True, rounded=given,
         )  # fmt: skip
     nearest = load_file(str(tmp_path / "nearest" / "model.safetensors"))
     gptq = load_file(str(tmp_path / "gptq" / "model.safetensors"))
     assert nearest.keys() == gptq.keys()
     prefix = gptq_name.removesuffix("weight")
     assert not torch.equal(gptq[f"{prefix}qweight"], nearest[f"{prefix}qweight"])
+    packed = pack_int4(levels, method=Int4Method.GPTQ)
+    assert all(torch.equal(gptq[f"{prefix}{part}"], tensor) for part, tensor in packed.items())
     others = [name for name in nearest if not name.startswith(prefix)]
     assert all(torch.equal(gptq[name], nearest[name]) for name in others)
+
+
+def test_groups_out_of_order_are_written_with_desc_act_only(tmp_path: Path) -> None:
+    weights = checkpoint_weights()
+    name = "model.layers.1.mlp.down_proj.weight"
+    hessian = torch.diag(torch.arange(128, dtype=torch.float64) + 1)  # the last column loudest
+    levels = gptq_int4(
+        weights[name], hessian, 32, method=Int4Method.GPTQ, is_symmetric=True, is_act_order=True
+    )
+    assert int(levels.group_index[-1]) == 0
+    with pytest.raises(ValueError, match=r"down_proj\.weight: groups out of column order need"):
+        write_int4_checkpoint(
+            tmp_path / "refused", CONFIG, weights.items(), method=Int4Method.GPTQ,
+            group_size=32, is_symmetric=True, rounded={name: levels},
+        )  # fmt: skip
+    write_int4_checkpoint(
+        tmp_path / "desc_act", CONFIG, weights.items(), method=Int4Method.GPTQ, group_size=32,
+        is_symmetric=True, rounded={name: levels}, desc_act=True,
+    )  # fmt: skip
+    config = model_config_from_hf_file(tmp_path / "desc_act")
+    assert config.int4_quantization is not None
+    assert config.int4_quantization.desc_act
+    g_idx = load_file(str(tmp_path / "desc_act" / "model.safetensors"))[
+        name.replace(".weight", ".g_idx")
+    ]
+    assert torch.equal(g_idx, levels.group_index.to(torch.int32))

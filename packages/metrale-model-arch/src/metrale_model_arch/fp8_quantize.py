@@ -1,5 +1,5 @@
 """Quantize a float checkpoint to an FP8 e4m3 one, in the public layouts: round to nearest, or
-GPTQ's rounding where calibration gave a Hessian (:func:`gptq_fp8`).
+the values GPTQ's rounding gave (:func:`gptq_fp8`).
 
 Each weight of a linear layer inside the decoder layers (attention, MLP, routed and shared
 experts; not the norms, not the MoE router ``mlp.gate``) becomes float8_e4m3fn ``q`` with a
@@ -151,6 +151,18 @@ def to_e4m3(scaled: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+@attrs.frozen(eq=False)
+class Fp8Weight:
+    """A weight as float8_e4m3fn ``q`` and its scale as ``layout`` stores it."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    layout: Fp8Layout
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantized(self.q, self.scale, self.layout)
+
+
 def gptq_fp8(
     weight: torch.Tensor, hessian: torch.Tensor, layout: Fp8Layout
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,15 +223,15 @@ def write_fp8_checkpoint(
     *,
     float_dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    hessians: Mapping[str, torch.Tensor] | None = None,
+    rounded: Mapping[str, Fp8Weight] | None = None,
 ) -> Path:
     """Save ``weights`` (checkpoint names) with the ``config.json`` fields ``hf`` to
     ``out_dir`` in ``layout``, the other tensors in ``float_dtype`` (default: their own; the
     config's ``torch_dtype`` says which), in files of at most ``max_shard_bytes`` (a weight
     and its scale may then be in different files). Each weight is quantized as it comes and
-    written a shard at a time: one float weight and one shard are held. A weight with a
-    Hessian in ``hessians`` (:mod:`~metrale_model_arch.calibration`) is GPTQ-rounded (the same
-    scales), the others rounded to nearest."""
+    written a shard at a time: one float weight and one shard are held. A weight in ``rounded``
+    (GPTQ's rounding, :func:`gptq_fp8`, in ``layout``) is written as it is there, the others
+    rounded to nearest."""
     writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
     float_dtypes: set[torch.dtype] = set()
     for name, tensor in weights:
@@ -229,11 +241,13 @@ def write_fp8_checkpoint(
             float_dtypes.add(kept.dtype)
             continue
         prefix = name.removesuffix(".weight")
-        hessian = None if hessians is None else hessians.get(name)
-        if hessian is None:
+        given = None if rounded is None else rounded.get(name)
+        if given is None:
             q, scale = quantize_fp8(tensor, layout)
+        elif given.layout != layout:
+            raise ValueError(f"{name}: rounded in {given.layout}, written in {layout}")
         else:
-            q, scale = gptq_fp8(tensor, hessian, layout)
+            q, scale = given.q, given.scale
         writer.add(name, q)
         writer.add(f"{prefix}.{layout.scale_name}", scale)
         if layout.static_activations:

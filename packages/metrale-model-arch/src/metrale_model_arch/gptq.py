@@ -10,6 +10,10 @@ weights rounded as they are and passes no error on.
 
 The grid is the :class:`ColumnRounder`'s: it sees each column as updated so far and returns
 it rounded (dequantized), keeping what it stores on disk.
+
+Act-order (GPTQ's ``desc_act``): the columns taken by decreasing Hessian diagonal
+(:func:`act_order`), the most active first, so their error is pushed onto the less active
+ones; the caller permutes the weight and the Hessian and puts the result back in order.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ def gptq_round(
             errors[:, i] = error
         w[:, end:] -= errors @ upper[start:end, end:]
     return rounded
+
+
+def act_order(hessian: torch.Tensor) -> torch.Tensor:
+    """The columns by decreasing diagonal of ``hessian (in, in)`` (ties in column order), int64:
+    ``order[j]`` is the ``j``-th column rounded."""
+    return torch.argsort(torch.diagonal(hessian), descending=True, stable=True)
 
 
 def inverse_hessian_factor(hessian: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Quantize a float llama-family checkpoint to an AWQ- or GPTQ-layout int4 one: round to nearest,
-or GPTQ's rounding where calibration gave a Hessian (:func:`gptq_int4`).
+or the levels GPTQ's rounding gave (:mod:`~metrale_model_arch.int4_gptq`).
 
 The projections (``q/k/v/o_proj``, ``gate/up/down_proj`` of every layer) are quantized per group
 of ``group_size`` input features and packed as :mod:`~metrale_model_arch.loading.int4_checkpoints`
@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
 from metrale_config import Int4Method, ModelConfig
-from metrale_model_arch.gptq import BLOCK_COLUMNS, gptq_round
 from metrale_model_arch.quantized_checkpoint import (
     DEFAULT_MAX_SHARD_BYTES,
     ShardedCheckpointWriter,
@@ -34,6 +34,31 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)
 _MIN_SCALE = 1e-8
 
 
+@attrs.frozen(eq=False)
+class Int4Levels:
+    """A weight ``(out, in)`` on its int4 grid: int64 ``values`` (levels 0..15), float16 ``scales``
+    and int64 ``zeros`` ``(out, groups)``, and ``group_index (in,)`` int64, each input column's
+    group (GPTQ's ``g_idx``: ``column // group_size`` unless act-order formed the groups)."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_index: torch.Tensor
+
+    @property
+    def is_in_order(self) -> bool:
+        """Whether each group is consecutive columns (``group_index`` is ``column //
+        group_size``)."""
+        group_size = self.values.shape[1] // self.scales.shape[1]
+        in_order = torch.arange(self.values.shape[1]) // group_size
+        return bool(torch.equal(self.group_index, in_order))
+
+    def dequantized(self) -> torch.Tensor:
+        """``(q - z) s``, each column by its group's, float32."""
+        zeros, scales = self.zeros[:, self.group_index], self.scales[:, self.group_index]
+        return (self.values - zeros).float() * scales.float()
+
+
 def quantize_int4(
     weight: torch.Tensor, group_size: int, *, method: Int4Method, is_symmetric: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -44,7 +69,8 @@ def quantize_int4(
     scales, zeros = group_grid(groups, method=method, is_symmetric=is_symmetric)
     levels = torch.round(groups / scales.float().unsqueeze(-1)) + zeros.unsqueeze(-1)
     values = levels.clamp(0, 15).to(torch.int64).reshape(rows, cols)
-    return pack_int4(values, scales, zeros, group_size, method=method)
+    group_index = torch.arange(cols) // group_size
+    return pack_int4(Int4Levels(values, scales, zeros, group_index), method=method)
 
 
 def check_int4_shape(rows: int, cols: int, group_size: int) -> None:
@@ -68,90 +94,23 @@ def group_grid(
     return scales, zeros
 
 
-def pack_int4(
-    values: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    group_size: int,
-    *,
-    method: Int4Method,
-) -> dict[str, torch.Tensor]:
-    """int64 levels ``(out, in)``, float16 scales and int64 zeros ``(out, groups)`` -> the
-    method's packed tensors."""
-    cols = values.shape[1]
+def pack_int4(levels: Int4Levels, *, method: Int4Method) -> dict[str, torch.Tensor]:
+    """``levels`` -> the method's packed tensors (GPTQ's ``qweight`` rows in column order, each
+    column's group in ``g_idx``)."""
     if method == Int4Method.AWQ:
+        if not levels.is_in_order:
+            raise ValueError("AWQ's groups are consecutive columns: act-order is GPTQ's")
         return {
-            "qweight": _pack_last(values.t(), AWQ_ORDER),
-            "qzeros": _pack_last(zeros.t(), AWQ_ORDER),
-            "scales": scales.t().contiguous(),
+            "qweight": _pack_last(levels.values.t(), AWQ_ORDER),
+            "qzeros": _pack_last(levels.zeros.t(), AWQ_ORDER),
+            "scales": levels.scales.t().contiguous(),
         }
     return {
-        "qweight": _pack_last(values, tuple(range(8))).t().contiguous(),
-        "qzeros": _pack_last(zeros.t() - 1, tuple(range(8))),
-        "scales": scales.t().contiguous(),
-        "g_idx": (torch.arange(cols) // group_size).to(torch.int32),
+        "qweight": _pack_last(levels.values, tuple(range(8))).t().contiguous(),
+        "qzeros": _pack_last(levels.zeros.t() - 1, tuple(range(8))),
+        "scales": levels.scales.t().contiguous(),
+        "g_idx": levels.group_index.to(torch.int32),
     }
-
-
-def gptq_int4(
-    weight: torch.Tensor,
-    hessian: torch.Tensor,
-    group_size: int,
-    *,
-    method: Int4Method,
-    is_symmetric: bool,
-) -> dict[str, torch.Tensor]:
-    """As :func:`~metrale_model_arch.int4_quantize.quantize_int4`, GPTQ-rounded with
-    ``hessian``."""
-    rounder, _ = gptq_int4_rounded(
-        weight, hessian, group_size, method=method, is_symmetric=is_symmetric
-    )
-    return pack_int4(rounder.values, rounder.scales, rounder.zeros, group_size, method=method)
-
-
-def gptq_int4_rounded(
-    weight: torch.Tensor,
-    hessian: torch.Tensor,
-    group_size: int,
-    *,
-    method: Int4Method,
-    is_symmetric: bool,
-) -> tuple[Int4GroupRounder, torch.Tensor]:
-    """GPTQ's rounding of ``weight``: its levels, scales and zeros, and the weight they
-    dequantize to (float32)."""
-    rows, cols = weight.shape
-    check_int4_shape(rows, cols, group_size)
-    rounder = Int4GroupRounder(rows, cols, group_size, method=method, is_symmetric=is_symmetric)
-    # NOTE: a block holds whole groups, so a group's first column sees the whole group updated.
-    block_columns = group_size * max(1, BLOCK_COLUMNS // group_size)
-    rounded = gptq_round(weight, hessian, rounder, block_columns=block_columns)
-    return rounder, rounded
-
-
-class Int4GroupRounder:
-    """One weight's int4 levels, scales and zeros, filled column by column."""
-
-    def __init__(
-        self, rows: int, cols: int, group_size: int, *, method: Int4Method, is_symmetric: bool
-    ) -> None:
-        self.group_size = group_size
-        self.method = method
-        self.is_symmetric = is_symmetric
-        self.values = torch.zeros(rows, cols, dtype=torch.int64)
-        self.scales = torch.zeros(rows, cols // group_size, dtype=torch.float16)
-        self.zeros = torch.zeros(rows, cols // group_size, dtype=torch.int64)
-
-    def round_column(self, index: int, pending: torch.Tensor) -> torch.Tensor:
-        group = index // self.group_size
-        if index % self.group_size == 0:
-            scales, zeros = group_grid(
-                pending[:, : self.group_size], method=self.method, is_symmetric=self.is_symmetric
-            )
-            self.scales[:, group], self.zeros[:, group] = scales, zeros
-        scale, zero = self.scales[:, group].float(), self.zeros[:, group]
-        levels = (torch.round(pending[:, 0] / scale) + zero).clamp(0, 15).to(torch.int64)
-        self.values[:, index] = levels
-        return (levels - zero).float() * scale
 
 
 def _pack_last(values: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
@@ -172,29 +131,33 @@ def write_int4_checkpoint(
     is_symmetric: bool = False,
     hf: Mapping[str, Any] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    hessians: Mapping[str, torch.Tensor] | None = None,
+    rounded: Mapping[str, Int4Levels] | None = None,
+    desc_act: bool = False,
 ) -> Path:
     """Write ``config``'s model (``weights`` under checkpoint names, a tied head omitted) to
     ``out_dir`` as ``config.json`` and ``model.safetensors``, its projections ``method`` int4,
     the rest float16. ``hf``: the ``config.json`` fields (default: :func:`hf_config`).
     Each weight is quantized as it comes and written a shard of ``max_shard_bytes`` at a time:
-    one float weight and one shard are held. A projection with a Hessian in ``hessians``
-    (:mod:`~metrale_model_arch.calibration`) is GPTQ-rounded, the others rounded to nearest."""
-    if method == Int4Method.AWQ and is_symmetric:
-        raise ValueError("AWQ has zero points: is_symmetric is GPTQ's")
+    one float weight and one shard are held. A projection in ``rounded`` (GPTQ's rounding,
+    :mod:`~metrale_model_arch.int4_gptq`) is written as its levels there, the others rounded to
+    nearest. ``desc_act``: GPTQ's, whether a projection's groups may be any columns (act-order)."""
+    if method == Int4Method.AWQ and (is_symmetric or desc_act):
+        raise ValueError(
+            "AWQ has zero points and groups in order: is_symmetric, desc_act are GPTQ's"
+        )
     writer = ShardedCheckpointWriter(Path(out_dir), max_shard_bytes)
     for name, tensor in weights:
         if config.tie_word_embeddings and name == "lm_head.weight":
             continue
         if PROJECTION.fullmatch(name):
             prefix = name.removesuffix(".weight")
-            hessian = None if hessians is None else hessians.get(name)
-            if hessian is None:
+            levels = None if rounded is None else rounded.get(name)
+            if levels is None:
                 parts = quantize_int4(tensor, group_size, method=method, is_symmetric=is_symmetric)
+            elif not (desc_act or levels.is_in_order):
+                raise ValueError(f"{name}: groups out of column order need desc_act")
             else:
-                parts = gptq_int4(
-                    tensor, hessian, group_size, method=method, is_symmetric=is_symmetric
-                )
+                parts = pack_int4(levels, method=method)
             for part, packed in parts.items():
                 writer.add(f"{prefix}.{part}", packed)
         else:
@@ -207,7 +170,7 @@ def write_int4_checkpoint(
     if method == Int4Method.AWQ:
         quantization.update(zero_point=True, version="gemm")
     else:
-        quantization.update(sym=is_symmetric, desc_act=False, checkpoint_format="gptq")
+        quantization.update(sym=is_symmetric, desc_act=desc_act, checkpoint_format="gptq")
     fields = {**(hf_config(config) if hf is None else hf), "torch_dtype": "float16"}
     writer.finish(fields, quantization)
     return writer.out

@@ -7,9 +7,11 @@ held is one float weight and one shard.
 With a calibration text (:class:`~metrale_model_arch.calibration.Calibration`; the llama
 family only), the float model is first rounded a layer at a time as GPTQ does
 (:mod:`~metrale_model_arch.sequential_calibration`), each projection's Hessian from its inputs
-through the layers rounded before it; the Hessians, ``in x in`` float32 per projection input, are
-held while the weights stream, and each weight is GPTQ-rounded with its own again as it comes
-(the same rounding, so the same result).
+through the layers rounded before it; each projection's rounding, as it is stored (int4 levels
+or e4m3 values and their scales), is held while the weights stream and written as it is in
+place of the projection (each rounded once). GPTQ's act-order (``is_act_order``, ``desc_act``)
+rounds each projection's columns by decreasing Hessian diagonal, its groups formed in that
+order.
 The directory is written beside ``out`` and renamed into place when complete.
 """
 
@@ -20,7 +22,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +41,14 @@ from metrale_model_arch.chat_template import CHAT_TEMPLATE_FILE, GGUF_CHAT_TEMPL
 from metrale_model_arch.fp8_quantize import (
     BLOCK_128,
     Fp8Layout,
-    dequantized,
+    Fp8Weight,
     gptq_fp8,
     is_fp8_target,
 )
 from metrale_model_arch.fp8_quantize import write_fp8_checkpoint as write_fp8
 from metrale_model_arch.int4_format import INT4_MODEL_TYPES
-from metrale_model_arch.int4_quantize import PROJECTION, gptq_int4_rounded, write_int4_checkpoint
+from metrale_model_arch.int4_gptq import gptq_int4
+from metrale_model_arch.int4_quantize import PROJECTION, Int4Levels, write_int4_checkpoint
 from metrale_model_arch.loading.gguf_loader import iter_gguf_weights
 from metrale_model_arch.loading.safetensors_loader import checkpoint_tensor_names, iter_safetensors
 from metrale_model_arch.model_source import ModelSource
@@ -55,7 +58,12 @@ from metrale_model_arch.quantized_checkpoint import (
     DEFAULT_MAX_SHARD_BYTES,
     hf_config,
 )
-from metrale_model_arch.sequential_calibration import Rounding, sequential_hessians
+from metrale_model_arch.sequential_calibration import (
+    RoundedT,
+    RoundedWeight,
+    Rounding,
+    sequential_rounding,
+)
 from metrale_model_arch.tokenizer import Tokenizer
 
 # Tried in turn when no group size is given: AutoAWQ's and GPTQ's default first.
@@ -87,7 +95,8 @@ class QuantizeSpec:
     ``fp8_layout``: fp8's layout (DeepSeek's 128 x 128 blocks); ``float_dtype``: the tensors
     not quantized (``None``: float16 for int4, the source's dtype for fp8);
     ``max_shard_bytes``: the most a safetensors file of the output holds; ``calibration``: the
-    text GPTQ's rounding is calibrated on (``None``: round to nearest)."""
+    text GPTQ's rounding is calibrated on (``None``: round to nearest); ``is_act_order``:
+    GPTQ's act-order (``desc_act``; gptq with a calibration only)."""
 
     method: QuantizeMethod
     group_size: int | None = None
@@ -96,6 +105,7 @@ class QuantizeSpec:
     float_dtype: torch.dtype | None = None
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     calibration: Calibration | None = None
+    is_act_order: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -138,6 +148,12 @@ def resolve_spec(config: ModelConfig, spec: QuantizeSpec) -> QuantizeSpec:
     cannot be written."""
     if spec.max_shard_bytes <= 0:
         raise QuantizeError("max_shard_bytes", f"{spec.max_shard_bytes} is not a positive size")
+    if spec.is_act_order and spec.method != QuantizeMethod.GPTQ:
+        raise QuantizeError("is_act_order", f"is GPTQ's (desc_act), not {spec.method}'s")
+    if spec.is_act_order and spec.calibration is None:
+        raise QuantizeError(
+            "is_act_order", "needs a calibration: it orders the columns by their inputs' Hessian"
+        )
     if spec.calibration is not None:
         check_calibration(config, spec.calibration)
     if spec.method == QuantizeMethod.FP8:
@@ -190,22 +206,29 @@ def check_calibration(config: ModelConfig, calibration: Calibration) -> None:
         raise QuantizeError("calibration", f"{calibration.text_path} is not a file")
 
 
-def calibrated_rounding(spec: QuantizeSpec) -> Rounding:
-    """The GPTQ rounding ``spec`` (resolved) writes, for :func:`sequential_hessians`."""
+def calibrated_rounding(spec: QuantizeSpec) -> Rounding[RoundedWeight]:
+    """The GPTQ rounding ``spec`` (resolved) writes, for :func:`sequential_rounding`."""
     if spec.method == QuantizeMethod.FP8:
-        layout = spec.fp8_layout
+        return fp8_rounding(spec.fp8_layout)
+    return int4_rounding(spec)
 
-        def fp8(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> torch.Tensor:
-            return dequantized(*gptq_fp8(weight, hessian, layout), layout)
 
-        return fp8
+def fp8_rounding(layout: Fp8Layout) -> Rounding[Fp8Weight]:
+    def fp8(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> Fp8Weight:
+        return Fp8Weight(*gptq_fp8(weight, hessian, layout), layout)
+
+    return fp8
+
+
+def int4_rounding(spec: QuantizeSpec) -> Rounding[Int4Levels]:
     assert spec.group_size is not None
     group_size, method = spec.group_size, Int4Method(str(spec.method))
 
-    def int4(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> torch.Tensor:
-        return gptq_int4_rounded(
-            weight, hessian, group_size, method=method, is_symmetric=bool(spec.is_symmetric)
-        )[1]
+    def int4(_: str, weight: torch.Tensor, hessian: torch.Tensor) -> Int4Levels:
+        return gptq_int4(
+            weight, hessian, group_size, method=method, is_symmetric=bool(spec.is_symmetric),
+            is_act_order=spec.is_act_order,
+        )  # fmt: skip
 
     return int4
 
@@ -246,12 +269,6 @@ def quantize_checkpoint(source: ModelSource, out: str | Path, spec: QuantizeSpec
         raise QuantizeError("out", f"{out} exists and is not an empty directory")
     checkpoint = read_float_checkpoint(source)
     spec = resolve_spec(checkpoint.config, spec)
-    hessians = None
-    if spec.calibration is not None:
-        try:
-            hessians = sequential_hessians(source, spec.calibration, calibrated_rounding(spec))
-        except (ValueError, UnicodeDecodeError) as error:
-            raise QuantizeError("calibration", str(error)) from error
     is_target = PROJECTION.fullmatch if spec.method != QuantizeMethod.FP8 else None
     counts = {True: 0, False: 0}
     kept: set[str] = set()
@@ -269,7 +286,7 @@ def quantize_checkpoint(source: ModelSource, out: str | Path, spec: QuantizeSpec
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _write(partial, checkpoint, counted(checkpoint.weights), spec, hessians)
+        _write(partial, source, checkpoint, counted(checkpoint.weights), spec)
         _write_tokenizer(source, partial)
         os.replace(partial, out)
     except BaseException:
@@ -292,10 +309,10 @@ def quantize_checkpoint(source: ModelSource, out: str | Path, spec: QuantizeSpec
 
 def _write(
     out: Path,
+    source: ModelSource,
     checkpoint: FloatCheckpoint,
     weights: Iterable[tuple[str, torch.Tensor]],
     spec: QuantizeSpec,
-    hessians: Mapping[str, torch.Tensor] | None,
 ) -> None:
     if spec.method == QuantizeMethod.FP8:
         write_fp8(
@@ -305,7 +322,7 @@ def _write(
             spec.fp8_layout,
             float_dtype=spec.float_dtype,
             max_shard_bytes=spec.max_shard_bytes,
-            hessians=hessians,
+            rounded=_calibrated(source, spec, fp8_rounding(spec.fp8_layout)),
         )
         return
     assert spec.group_size is not None
@@ -318,8 +335,22 @@ def _write(
         is_symmetric=bool(spec.is_symmetric),
         hf=checkpoint.hf,
         max_shard_bytes=spec.max_shard_bytes,
-        hessians=hessians,
+        rounded=_calibrated(source, spec, int4_rounding(spec)),
+        desc_act=spec.is_act_order,
     )
+
+
+def _calibrated(
+    source: ModelSource, spec: QuantizeSpec, rounding: Rounding[RoundedT]
+) -> dict[str, RoundedT] | None:
+    """Each projection's rounding in the sequential pass over ``spec``'s calibration (``None``
+    without one)."""
+    if spec.calibration is None:
+        return None
+    try:
+        return sequential_rounding(source, spec.calibration, rounding)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise QuantizeError("calibration", str(error)) from error
 
 
 def _write_tokenizer(source: ModelSource, out: Path) -> None:

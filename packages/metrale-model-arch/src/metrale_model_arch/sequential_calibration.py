@@ -10,14 +10,15 @@ run), so its input comes through the projections before it already rounded. The 
 weights replace the float ones in the model, and the layer then runs whole to give the next
 layer its inputs.
 
-What is returned is each projection's Hessian: written with the same rounding, the checkpoint
-writers reproduce the weights rounded here (a rounding is deterministic).
+What is returned is each projection's rounding, in the form it is stored (levels and scales),
+for the checkpoint writers to write as they are: each projection is rounded once.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 import torch
@@ -30,9 +31,18 @@ from metrale_model_arch.kv_cache import allocate_kv_cache
 from metrale_model_arch.load import LoadedModel, load_model
 from metrale_model_arch.model_source import ModelSource
 
-# (checkpoint weight name, float32 weight (out, in), Hessian (in, in)) -> the weight rounded to
-# its grid, dequantized, float32.
-Rounding = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+
+class RoundedWeight(Protocol):
+    """A weight rounded to its grid, as it is stored."""
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight it stands for, ``(out, in)`` float32."""
+        ...
+
+
+RoundedT = TypeVar("RoundedT", bound=RoundedWeight)
+# (checkpoint weight name, float32 weight (out, in), Hessian (in, in)) -> the weight rounded.
+Rounding = Callable[[str, torch.Tensor, torch.Tensor], RoundedT]
 
 _BLOCK_SIZE = 16
 
@@ -85,19 +95,19 @@ class _Chunk:
         return cls(positions, kv_caches, metadata)
 
 
-def sequential_hessians(
-    source: ModelSource, calibration: Calibration, rounding: Rounding
-) -> dict[str, torch.Tensor]:
+def sequential_rounding(
+    source: ModelSource, calibration: Calibration, rounding: Rounding[RoundedT]
+) -> dict[str, RoundedT]:
     """``source``'s float model (float32) rounded by ``rounding`` a projection at a time as the
-    module says; each projection's checkpoint weight name -> the Hessian ``(in, in)`` float32
-    it was rounded with (shared by ``q/k/v`` and by ``gate/up``)."""
+    module says, each given the Hessian ``(in, in)`` float32 of its input (one for ``q/k/v``,
+    one for ``gate/up``); each projection's checkpoint weight name -> its rounding."""
     loaded = load_model(str(source.path))
     model = loaded.model
     if not isinstance(model, LlamaForCausalLM) or not model.has_dense_layers:
         raise ValueError(f"{type(model).__name__}: calibration reads dense llama-family layers")
     token_chunks = calibration_chunks(loaded.tokenizer, calibration)
     chunks = [_Chunk.of(loaded, len(tokens)) for tokens in token_chunks]
-    hessians: dict[str, torch.Tensor] = {}
+    rounded: dict[str, RoundedT] = {}
     with torch.no_grad():
         hidden = [
             model.model.embed_tokens(torch.tensor(tokens, device=loaded.device))
@@ -115,9 +125,9 @@ def sequential_hessians(
 
             for step in _STEPS:
                 hessian = _step_hessian(layer, step, hidden, chunks, run)
-                _round_step(layer, index, step, hessian, rounding, hessians)
+                _round_step(layer, index, step, hessian, rounding, rounded)
             hidden = [run(x, chunk) for x, chunk in zip(hidden, chunks, strict=True)]
-    return hessians
+    return rounded
 
 
 def _step_hessian(
@@ -150,8 +160,8 @@ def _round_step(
     index: int,
     step: _Step,
     hessian: torch.Tensor,
-    rounding: Rounding,
-    hessians: dict[str, torch.Tensor],
+    rounding: Rounding[RoundedT],
+    rounded: dict[str, RoundedT],
 ) -> None:
     """Each of ``step``'s projections rounded in place in the fused weight (rows stacked in
     ``parts``' order)."""
@@ -168,6 +178,6 @@ def _round_step(
     for part, size in zip(step.parts, sizes, strict=True):
         name = f"model.layers.{index}.{step.block}.{part}_proj.weight"
         rows = weight[start : start + size]
-        rows.copy_(rounding(name, rows.float(), hessian).to(weight.dtype))
-        hessians[name] = hessian
+        rounded[name] = rounding(name, rows.float(), hessian)
+        rows.copy_(rounded[name].dequantized().to(weight.dtype))
         start += size

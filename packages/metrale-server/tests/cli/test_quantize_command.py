@@ -174,7 +174,18 @@ def test_the_bundled_gguf_quantizes_to_awq(tmp_path: Path) -> None:
         (["--method", "fp8", "--calibration-tokens", "64"], r"'--calibration-tokens': needs"),
         (
             ["--method", "gptq", "--calibration", "absent.txt"],
-            r"'--calibration': is offered for fp8 only: calibrated gptq int4 measured worse",
+            r"'--calibration': is offered for fp8, and for gptq with --act-order: calibrated "
+            r"gptq int4 in column order measured worse",
+        ),
+        (["--method", "gptq", "--act-order"], r"'--act-order': needs a calibration"),
+        (["--method", "awq", "--act-order"], r"'--act-order': is GPTQ's \(desc_act\), not awq's"),
+        (
+            ["--method", "fp8", "--act-order", "--calibration", "absent.txt"],
+            r"'--act-order': is GPTQ's \(desc_act\), not fp8's",
+        ),
+        (
+            ["--method", "awq", "--act-order", "--calibration", "absent.txt"],
+            r"'--act-order': is GPTQ's \(desc_act\), not awq's",
         ),
     ],
 )
@@ -270,6 +281,16 @@ def relative_difference(out: Path, float_logits: torch.Tensor) -> float:
     return float((logits - float_logits).norm() / float_logits.norm())
 
 
+def calibration_text(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """600 random tokens of the model's vocabulary, as text."""
+    tokenizer = load_model(str(tiny_model_dir)).tokenizer
+    generator = torch.Generator().manual_seed(7)
+    random_tokens = torch.randint(0, tokenizer.vocab_size, (600,), generator=generator)
+    text = tmp_path / "calibration.txt"
+    text.write_text(tokenizer.decode(random_tokens.tolist()))
+    return text
+
+
 @pytest.mark.parametrize("method", ["fp8"])
 def test_calibration_gptq_rounds_in_the_same_layout_closer_to_the_float_model(
     tiny_model_dir: Path,
@@ -279,11 +300,7 @@ def test_calibration_gptq_rounds_in_the_same_layout_closer_to_the_float_model(
 ) -> None:
     """Calibrated on text like the prompts (random tokens, other ones), the logits come
     closer to the float model's than round to nearest's."""
-    tokenizer = load_model(str(tiny_model_dir)).tokenizer
-    generator = torch.Generator().manual_seed(7)
-    random_tokens = torch.randint(0, tokenizer.vocab_size, (600,), generator=generator)
-    text = tmp_path / "calibration.txt"
-    text.write_text(tokenizer.decode(random_tokens.tolist()))
+    text = calibration_text(tiny_model_dir, tmp_path)
     nearest, calibrated = tmp_path / "nearest", tmp_path / "calibrated"
     quantized(tiny_model_dir, nearest, method)
     flags = ["--calibration", str(text), "--calibration-tokens", "512"]
@@ -300,3 +317,27 @@ def test_calibration_gptq_rounds_in_the_same_layout_closer_to_the_float_model(
     print(f"{method}: relative logit difference {calibrated_relative:.4f} calibrated, "
           f"{nearest_relative:.4f} round to nearest")  # fmt: skip
     assert calibrated_relative < nearest_relative
+
+
+def test_act_order_writes_gptq_desc_act_that_serves_as_q4(
+    tiny_model_dir: Path, tmp_path: Path, float_runs: tuple[torch.Tensor, list[list[int]]]
+) -> None:
+    text = calibration_text(tiny_model_dir, tmp_path)
+    out = tmp_path / "act-order"
+    flags = ["--act-order", "--calibration", str(text), "--calibration-tokens", "512"]
+    result = quantized(tiny_model_dir, out, "gptq", *flags)
+    assert f"GPTQ on 512 tokens of {text}, act-order" in result.output
+    quantization = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert (quantization["quant_method"], quantization["desc_act"]) == ("gptq", True)
+    g_idx = load_file(str(out / "model.safetensors"))["model.layers.0.mlp.down_proj.g_idx"]
+    assert not torch.equal(g_idx, (torch.arange(g_idx.numel()) // 32).to(torch.int32))
+    float_logits, _ = float_runs
+    relative = relative_difference(out, float_logits)
+    print(f"gptq act-order: relative logit difference {relative:.4f}")
+    assert relative < METHODS[("gptq",)][0]
+    llm = LLM(str(out), dtype="float32")
+    assert llm.engine.loaded.quantization == "q4"
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    (output,) = llm.generate(["Hello"], params)
+    assert output.error is None
+    assert len(output.outputs[0].token_ids) == NUM_TOKENS
