@@ -23,16 +23,15 @@ from metrale_kernels.cpu.native import load_native_ops_if_possible
 from metrale_model_arch import Tokenizer
 from metrale_model_arch.families.compiled_steps import compile_executor
 from metrale_model_arch.families.llama import LlamaForCausalLM
-from metrale_model_arch.memory import KV_POOL, SLIDING_WINDOW_KV
-from metrale_server import LLM, EngineArgs, build_engine
+from metrale_server import LLM
 from metrale_server.speculative_config import SpeculativeConfig
 
 from .test_sliding_window_ring_engine import (
-    BLOCK_SIZE,
     ENGINE,
     GREEDY,
     NUM_TOKENS,
     STEP_TOKENS,
+    assert_ledger_prices_each_ring_per_slot,
     greedy,
     make_prompts,
     ring_specs,
@@ -247,17 +246,4 @@ def test_the_compiled_segments_beside_the_ring_equal_the_full_pool(
 def test_ledger_equals_plan_with_the_ring_priced_per_slot(
     model_dirs: dict[str, Path], family: str
 ) -> None:
-    path = model_dirs[family]
-    engine = build_engine(EngineArgs(model=str(path), max_batch_size=3, **ENGINE))
-    plan = engine.plan
-    allocated = plan.allocated_by_owner()
-    assert engine.ledger.live_bytes_by_owner() == allocated
-    config = model_config_from_hf_file(path)
-    num_sliding = SLIDING_LAYERS[family]
-    num_full = config.num_hidden_layers - num_sliding
-    row = config.num_key_value_heads * config.head_dim * 4  # float32 K or V of one token
-    # The pool prices the full layers alone (none: no pool); each slot holds each ring.
-    assert plan.kv_bytes_per_token == num_full * 2 * row
-    assert allocated.get(KV_POOL, 0) == plan.kv_blocks * BLOCK_SIZE * num_full * 2 * row
-    ring_tokens = (-(-(WINDOW - 1 + STEP_TOKENS) // BLOCK_SIZE) + 1) * BLOCK_SIZE
-    assert allocated[SLIDING_WINDOW_KV] == 3 * num_sliding * 2 * ring_tokens * row
+    assert_ledger_prices_each_ring_per_slot(model_dirs[family], SLIDING_LAYERS[family])

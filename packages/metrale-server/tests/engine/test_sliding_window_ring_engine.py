@@ -165,11 +165,9 @@ def test_forked_outputs_go_on_from_the_parents_ring(
     assert forked == [[tokens, tokens] for tokens in single]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_ledger_equals_plan_with_the_ring_priced_per_slot(
-    model_dirs: dict[str, Path], family: str
-) -> None:
-    path = model_dirs[family]
+def assert_ledger_prices_each_ring_per_slot(path: Path, num_sliding: int) -> None:
+    """An engine of 3 slots over ``path``: its ledger is its plan, the pool pricing the full
+    layers alone (none: no pool) and each slot holding each of ``num_sliding`` layers' ring."""
     engine = build_engine(EngineArgs(model=str(path), max_batch_size=3, **ENGINE))
     plan = engine.plan
     allocated = plan.allocated_by_owner()
@@ -177,16 +175,23 @@ def test_ledger_equals_plan_with_the_ring_priced_per_slot(
     config = model_config_from_hf_file(path)
     window = config.sliding_window
     assert window is not None
-    kinds = config.layer_types
-    num_sliding = sum(kind == "sliding_attention" for kind in kinds)
-    num_full = len(kinds) - num_sliding
-    assert 0 < num_sliding < len(kinds)
+    num_full = config.num_hidden_layers - num_sliding
     row = config.num_key_value_heads * config.head_dim * 4  # float32 K or V of one token
-    # The pool prices the full layers alone; each slot holds each sliding layer's ring.
     assert plan.kv_bytes_per_token == num_full * 2 * row
-    assert allocated[KV_POOL] == plan.kv_blocks * BLOCK_SIZE * num_full * 2 * row
+    assert allocated.get(KV_POOL, 0) == plan.kv_blocks * BLOCK_SIZE * num_full * 2 * row
     ring_tokens = (-(-(window - 1 + STEP_TOKENS) // BLOCK_SIZE) + 1) * BLOCK_SIZE
     assert allocated[SLIDING_WINDOW_KV] == 3 * num_sliding * 2 * ring_tokens * row
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ledger_equals_plan_with_the_ring_priced_per_slot(
+    model_dirs: dict[str, Path], family: str
+) -> None:
+    path = model_dirs[family]
+    kinds = model_config_from_hf_file(path).layer_types
+    num_sliding = sum(kind == "sliding_attention" for kind in kinds)
+    assert 0 < num_sliding < len(kinds)
+    assert_ledger_prices_each_ring_per_slot(path, num_sliding)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e5m2"])

@@ -40,3 +40,18 @@ def tiny_qwen3_moe_dir(
         mlp_only_layers=[1],
         tie_word_embeddings=True,
     )
+
+
+@pytest.fixture(scope="session")
+def ringed_mistral_dir(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
+) -> Path:
+    # A window of 4 on both layers: each rank keeps its half of the heads' K/V in rings.
+    return save_random_model(
+        tmp_path_factory.mktemp("mistral"),
+        default_tokenizer,
+        "MistralConfig",
+        "MistralForCausalLM",
+        intermediate_size=96,
+        sliding_window=4,
+    )

@@ -13,9 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from metrale_testing import save_random_model
 
-from metrale_model_arch import Tokenizer
 from metrale_model_arch.memory import SLIDING_WINDOW_KV
 from metrale_server import Engine, EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.distributed import WorkerLostError
@@ -64,21 +62,6 @@ def run(engine: Engine, max_tokens: int) -> tuple[list[tuple[int, ...]], list[to
 def drain(engine: Engine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
-
-
-@pytest.fixture(scope="module")
-def ringed_mistral_dir(
-    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
-) -> Path:
-    # A window of 4 on both layers: each rank keeps its half of the heads' K/V in rings.
-    return save_random_model(
-        tmp_path_factory.mktemp("mistral"),
-        default_tokenizer,
-        "MistralConfig",
-        "MistralForCausalLM",
-        intermediate_size=96,
-        sliding_window=4,
-    )
 
 
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe"])
