@@ -23,7 +23,7 @@ from metrale_model_arch.families.qwen2_5_vl.vision.preprocess import preprocess_
 from metrale_model_arch.families.qwen2_5_vl.vision.processor_config import (
     Qwen2VLImageProcessorConfig,
 )
-from metrale_model_arch.owners import ENCODER_CACHE, VISION
+from metrale_model_arch.owners import ENCODER_CACHE, SLIDING_WINDOW_KV, VISION
 from metrale_server import EngineArgs, SamplingParams, build_engine
 from metrale_server.engine.prompt_image import place_images
 from metrale_server.pooling.model_task import engine_model_config
@@ -59,7 +59,7 @@ IMAGES = {
 }
 
 
-def save_tiny_qwen2_5_vl(path: Path, tokenizer: Tokenizer) -> Path:
+def save_tiny_qwen2_5_vl(path: Path, tokenizer: Tokenizer, **text_fields: object) -> Path:
     def token_id(text: str) -> int:
         (found,) = tokenizer.encode(text, add_special_tokens=False)
         return int(found)
@@ -71,7 +71,7 @@ def save_tiny_qwen2_5_vl(path: Path, tokenizer: Tokenizer) -> Path:
         "eos_token_id": tokenizer.eos_token_id,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                             "mrope_section": [2, 3, 3]},
-    }  # fmt: skip
+    } | text_fields  # fmt: skip
     config = transformers.Qwen2_5_VLConfig(
         text_config=text,
         vision_config=VISION_CONFIG,
@@ -196,14 +196,14 @@ class Served:
     encoder_batches: list[int]  # images per tower forward
 
 
-def serve_at_once(qwen_dir: Path, num_kv_blocks: int | None) -> Served:
+def serve_at_once(qwen_dir: Path, num_kv_blocks: int | None, step_tokens: int = 24) -> Served:
     """A two-image request, a text request and an image request at once through an engine of
     ``num_kv_blocks`` KV blocks, 24-token steps: the first step prefills 24 of the first
     prompt's 30 tokens (both its images, the second cut short); the second holds the rest of
     it, the text prompt and most of the third, whose image is in the encoder cache."""
     args = EngineArgs(
         model=str(qwen_dir), dtype="float32", device="cpu", max_seq_len=128,
-        max_batch_size=3, max_batch_tokens=24, num_kv_blocks=num_kv_blocks,
+        max_batch_size=3, max_batch_tokens=step_tokens, num_kv_blocks=num_kv_blocks,
     )  # fmt: skip
     engine = build_engine(args)
     encoder = engine.core.runner.image_step.encoder  # type: ignore[union-attr]
@@ -249,6 +249,31 @@ def test_text_beside_images_in_one_batch_and_preempted_matches_transformers(
     assert tight.engine.core.stats.num_preemptions > 0
     assert tight.outputs == roomy.outputs
     assert tight.engine.block_manager.num_free_blocks == tight.engine.num_kv_blocks
+
+
+def test_images_over_sliding_window_rings_match_transformers(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer: Tokenizer
+) -> None:
+    # The second layer slides over 8 tokens; 8-token steps make its rings 32 tokens, which the
+    # 18 to 46 token sequences wrap, images chunked across steps.
+    windowed = save_tiny_qwen2_5_vl(
+        tmp_path_factory.mktemp("windowed-qwen2_5_vl"), default_tokenizer,
+        use_sliding_window=True, sliding_window=8, max_window_layers=1,
+    )  # fmt: skip
+    served = serve_at_once(windowed, num_kv_blocks=None, step_tokens=8)
+    assert served.engine.ledger.live_bytes_by_owner()[SLIDING_WINDOW_KV] > 0
+    reference = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(windowed).eval()
+    config = transformers.AutoConfig.from_pretrained(windowed)
+    config.text_config.sliding_window = 1000
+    wide = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        windowed, config=config
+    ).eval()
+    slides = False
+    for prompt, names, tokens in zip(served.prompts, PROMPTS, served.outputs, strict=True):
+        images = [IMAGES[name] for name in names]
+        assert tokens == transformers_greedy(reference, windowed, prompt, images, NUM_TOKENS)
+        slides |= tokens != transformers_greedy(wide, windowed, prompt, images, NUM_TOKENS)
+    assert slides, "transformers' model ignores the window: the check proves nothing"
 
 
 REFUSED = {
