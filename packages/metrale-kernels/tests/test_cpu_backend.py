@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -220,7 +221,7 @@ def test_input_major_mm_refuses_what_it_cannot_read(backend: CpuBackend) -> None
 
 def gpt_oss_experts(
     num_experts: int, hidden: int, inter: int, generator: torch.Generator
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """fused_moe's arguments for random gpt-oss experts as transformers stores them: input-major
     weights read through transposed views."""
     gate_up = torch.randn(num_experts, hidden, 2 * inter, generator=generator) / hidden**0.5
@@ -228,43 +229,59 @@ def gpt_oss_experts(
     return {
         "w_gate_up": gate_up.transpose(1, 2),
         "w_down": down.transpose(1, 2),
+        "activation": "swigluoai",
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
         "gate_up_bias": torch.randn(num_experts, 2 * inter, generator=generator),
         "down_bias": torch.randn(num_experts, hidden, generator=generator),
     }
 
 
+def stacked_experts(
+    num_experts: int, hidden: int, inter: int, generator: torch.Generator
+) -> dict[str, Any]:
+    """fused_moe's arguments for random SwiGLU experts as the loader stores them on the CPU
+    (qwen3_moe, mixtral, deepseek, ...): ``(experts, out, in)`` views of ``(experts, in, out)``
+    storage."""
+    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=generator) / hidden**0.5
+    down = torch.randn(num_experts, hidden, inter, generator=generator) / inter**0.5
+    return {
+        "w_gate_up": gate_up.transpose(1, 2).contiguous().transpose(1, 2),
+        "w_down": down.transpose(1, 2).contiguous().transpose(1, 2),
+    }
+
+
+def clamped_stacked_experts(
+    num_experts: int, hidden: int, inter: int, generator: torch.Generator
+) -> dict[str, Any]:
+    """:func:`stacked_experts` with GLM's clamped SwiGLU."""
+    return {**stacked_experts(num_experts, hidden, inter, generator), "swiglu_limit": 0.5}
+
+
 @pytest.mark.parametrize("num_tokens", [1, 3, 50])
+@pytest.mark.parametrize("experts", [gpt_oss_experts, stacked_experts, clamped_stacked_experts])
 def test_fused_moe_of_input_major_experts_matches_the_reference(
-    backend: CpuBackend, num_tokens: int
+    backend: CpuBackend,
+    num_tokens: int,
+    experts: Callable[[int, int, int, torch.Generator], dict[str, Any]],
 ) -> None:
     generator = torch.Generator().manual_seed(num_tokens)
-    experts = gpt_oss_experts(8, 64, 96, generator)
+    options = experts(8, 64, 96, generator)
+    w_gate_up, w_down = options.pop("w_gate_up"), options.pop("w_down")
     hidden = torch.randn(num_tokens, 64, generator=generator)
     logits = torch.randn(num_tokens, 8, generator=generator)
     top, ids = logits.topk(2)
-    args = (hidden, experts["w_gate_up"], experts["w_down"], top.softmax(-1), ids)
-    options = {
-        "activation": "swigluoai",
-        "swiglu_alpha": 1.702,
-        "swiglu_limit": 7.0,
-        "gate_up_bias": experts["gate_up_bias"],
-        "down_bias": experts["down_bias"],
-    }
-    expected = TorchBackend().fused_moe(*args, **options)  # type: ignore[arg-type]
+    args = (hidden, w_gate_up, w_down, top.softmax(-1), ids)
+    expected = TorchBackend().fused_moe(*args, **options)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        got = backend.fused_moe(*args, **options)  # type: ignore[arg-type]
+        got = backend.fused_moe(*args, **options)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     # The native matmul ran, not the reference's (at these sizes their bits may agree).
     assert "metrale::input_major_mm" in {event.name for event in profile.events()}
     for token in {0, num_tokens - 1}:
         rows = slice(token, token + 1)
         alone = backend.fused_moe(
-            hidden[rows],
-            args[1],
-            args[2],
-            args[3][rows],
-            ids[rows],
-            **options,  # type: ignore[arg-type]
+            hidden[rows], w_gate_up, w_down, args[3][rows], ids[rows], **options
         )
         assert torch.equal(alone, got[rows])
 

@@ -23,6 +23,7 @@ from metrale_config import (
     model_config_from_hf_file,
     read_gguf_header,
 )
+from metrale_kernels.cpu.native import load_native_ops_if_possible
 from metrale_model_arch import LoadOptions
 from metrale_model_arch.families.mixtral import MixtralForCausalLM
 from metrale_model_arch.families.moe import MoeForCausalLM, SparseMoeBlock
@@ -206,6 +207,24 @@ def test_experts_are_stacked_from_the_saved_tensors(checkpoint: Checkpoint) -> N
     torch.testing.assert_close(block.experts.gate_up_proj[3], torch.cat([gate, up]), rtol=0, atol=0)
     torch.testing.assert_close(block.experts.down_proj[3], down, rtol=0, atol=0)
     torch.testing.assert_close(block.gate.weight, router, rtol=0, atol=0)
+
+
+def test_experts_are_stored_input_major_and_multiplied_natively(
+    checkpoint: Checkpoint, paged_runner: Callable[..., Any]
+) -> None:
+    """On the CPU the loader keeps the stacked experts as transposed views of input-major
+    storage, which the CPU backend's ``fused_moe`` multiplies with its native kernel."""
+    if load_native_ops_if_possible() is None:
+        pytest.skip("the native CPU ops cannot be built here")
+    model = load(checkpoint)
+    for layer in model.model.layers:
+        if isinstance(layer.mlp, SparseMoeBlock):
+            assert layer.mlp.experts.gate_up_proj.stride(1) == 1
+            assert layer.mlp.experts.down_proj.stride(1) == 1
+    runner = paged_runner(model, num_blocks=64, block_size=BLOCK_SIZE)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        runner.step(checkpoint.prompts)
+    assert "metrale::input_major_mm" in {event.name for event in profile.events()}
 
 
 def test_ragged_prefill_matches_transformers(

@@ -12,8 +12,9 @@
   cost of GEMM-shaped speed on long prompts). Float32 or quantized caches (int8 or fp8 rows,
   dequantized as they are read), float32 activations, and gpt-oss's sinks (one more logit per
   head in each softmax); others take the reference path.
-- ``fused_moe`` with float32 experts stored input-major (transformers' gpt-oss layout, which
-  the op reads through transposed views) multiplies each expert's rows with
+- ``fused_moe`` with float32 experts stored input-major (transformers' gpt-oss layout, and the
+  other families' stacked experts as the CPU loader stores them; the op reads both through
+  transposed views) multiplies each expert's rows with
   ``metrale::input_major_mm``: every output its own fma chain over the inputs, so a token's
   result is the same whatever else chose its expert, without padding rows to a GEMM tile (a
   decode step's one or two rows per expert read the weight once). Other layouts take the

@@ -1,5 +1,5 @@
 """Native CPU ops (C++ against torch's ATen, built on first use): ``metrale::int8_mm``,
-``metrale::q4_mm``, ``metrale::input_major_mm`` (gpt-oss's experts),
+``metrale::q4_mm``, ``metrale::input_major_mm`` (MoE experts),
 ``metrale::paged_decode`` and the llama layer ops (``int8_qkv_step``, ``int8_output_step``,
 ``int8_decode_layer``). :func:`load_native_ops` builds (or finds cached) and loads them once
 per process; :class:`metrale_kernels.cpu.backend.CpuBackend` calls them."""

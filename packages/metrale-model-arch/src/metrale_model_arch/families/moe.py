@@ -29,6 +29,11 @@ from metrale_model_arch.families.llama import (
 
 
 class StackedExperts(nn.Module):
+    """On the CPU the loader stores both weights input-major, as transposed views
+    (:func:`~metrale_model_arch.build.column_major_names`)."""
+
+    WEIGHTS = ("gate_up_proj", "down_proj")
+
     def __init__(self, hidden_size: int, moe: MoeConfig) -> None:
         super().__init__()
         num_experts, intermediate = moe.num_experts, moe.moe_intermediate_size
