@@ -219,6 +219,34 @@ def test_input_major_mm_refuses_what_it_cannot_read(backend: CpuBackend) -> None
         torch.ops.metrale.input_major_mm(x, w, None)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 40])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_row_invariant_linear_of_an_input_major_weight_is_native(
+    backend: CpuBackend, rows: int, with_bias: bool
+) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(200, 96, generator=generator).t().contiguous().t()  # (out, in) view
+    bias = torch.randn(200, generator=generator) if with_bias else None
+    x = torch.randn(rows, 96, generator=generator)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        got = backend.row_invariant_linear(x, weight, bias, 16)
+    assert "metrale::input_major_mm" in {event.name for event in profile.events()}
+    expected = TorchBackend().row_invariant_linear(x, weight, bias, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for row in range(rows):
+        alone = backend.row_invariant_linear(x[row : row + 1], weight, bias, 16)
+        assert torch.equal(alone, got[row : row + 1])
+
+
+def test_row_invariant_linear_of_a_row_major_weight_is_the_reference(backend: CpuBackend) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(200, 96, generator=generator), torch.randn(5, 96, generator=generator)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        got = backend.row_invariant_linear(x, weight, None, 16)
+    assert "metrale::input_major_mm" not in {event.name for event in profile.events()}
+    assert torch.equal(got, TorchBackend().row_invariant_linear(x, weight, None, 16))
+
+
 def gpt_oss_experts(
     num_experts: int, hidden: int, inter: int, generator: torch.Generator
 ) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""build_model: projections stored column-major on CPU, embeddings untouched."""
+"""build_model: projections stored column-major on CPU, embeddings untouched unless a float32
+head shares them."""
 
 from __future__ import annotations
 
@@ -30,15 +31,25 @@ def test_cpu_projections_are_column_major_views_with_the_same_values(
     assert embedding.is_contiguous()
 
 
-def test_tied_head_stays_the_row_major_embedding(tiny_config: ModelConfig) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "is_input_major"), [(torch.float32, True), (torch.bfloat16, False)]
+)
+def test_a_tied_float32_head_is_the_embedding_stored_input_major(
+    tiny_config: ModelConfig, dtype: torch.dtype, is_input_major: bool
+) -> None:
     tied = attrs.evolve(tiny_config, tie_word_embeddings=True)
     weights = {
         k: v for k, v in LlamaForCausalLM(tied).state_dict().items() if k != "lm_head.weight"
     }
-    model = build_model(tied, weights.items(), LoadOptions(dtype=torch.float32, device="cpu"))
+    model = build_model(tied, weights.items(), LoadOptions(dtype=dtype, device="cpu"))
+    embedding = model.get_submodule("model.embed_tokens")
     head = model.get_submodule("lm_head").weight
-    assert head is model.get_submodule("model.embed_tokens").weight
-    assert head.is_contiguous()
+    assert head is embedding.weight
+    assert torch.equal(head, weights["model.embed_tokens.weight"].to(dtype))
+    assert head.is_contiguous() is not is_input_major
+    assert (head.stride() == (1, head.shape[0])) is is_input_major
+    ids = torch.tensor([3, 0, 3, tied.vocab_size - 1])
+    assert torch.equal(embedding(ids), weights["model.embed_tokens.weight"].to(dtype)[ids])
 
 
 def test_the_kernel_backend_is_chosen_by_name(tiny_config: ModelConfig) -> None:

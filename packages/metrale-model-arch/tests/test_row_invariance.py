@@ -141,7 +141,11 @@ def native_or_skip() -> None:
         "fp8-bf16-torch",
     ],
 )
-@pytest.mark.parametrize("changes", [{}, {"sliding_window": 6}, MOE], ids=["full", "window", "moe"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"sliding_window": 6}, MOE, {"tie_word_embeddings": True}],
+    ids=["full", "window", "moe", "tied"],
+)
 def test_a_tokens_logits_are_the_same_in_every_step_shape(
     paged_runner: type[PagedRunner],
     quantization: Quantization,
@@ -162,3 +166,24 @@ def test_a_tokens_logits_are_the_same_in_every_step_shape(
         assert torch.equal(logits, reference), (
             f"{shape}: max |diff| {(logits - reference).abs().max().item():.3g}"
         )
+
+
+@pytest.mark.parametrize("is_tied", [False, True], ids=["untied", "tied"])
+def test_the_float32_head_multiplies_natively_each_row_as_alone(is_tied: bool) -> None:
+    native_or_skip()
+    model = build(
+        invariance_config(tie_word_embeddings=is_tied), Quantization.NONE, "cpu", torch.float32
+    )
+    weight = model.lm_head.weight
+    assert weight.stride() == (1, weight.shape[0])  # input-major
+    hidden = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        logits = model.compute_logits(hidden)
+    assert "metrale::input_major_mm" in {event.name for event in profile.events()}
+    expected = hidden.double() @ weight.double().t()
+    torch.testing.assert_close(logits.double(), expected, rtol=1e-5, atol=1e-5)
+    out = torch.empty_like(logits)
+    assert model.compute_logits(hidden, out=out) is out
+    assert torch.equal(out, logits)
+    for row in range(len(hidden)):
+        assert torch.equal(model.compute_logits(hidden[row : row + 1])[0], logits[row])

@@ -84,7 +84,7 @@ def test_sharded_checkpoint_loads_every_shard(
     torch.manual_seed(0)
     reference = LlamaForCausalLM(tiny_config, backend=model.backend).eval()
     # The loader stores projections column-major on CPU: same layout, same kernels, same bits.
-    for name in column_major_names(reference):
+    for name in column_major_names(reference, torch.float32):
         module_name, _, leaf = name.rpartition(".")
         column_major = reference.get_parameter(name).detach().t().contiguous().t()
         setattr(reference.get_submodule(module_name), leaf, torch.nn.Parameter(column_major))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
+from metrale_kernels import row_invariant
 from metrale_kernels.op import Kernel, Op, resolve_ops, served_by_reference
 from metrale_kernels.reference import (
     attention,
@@ -49,6 +50,7 @@ class KernelBackend:
     int8_linear = Op(int8_matmul.int8_linear)
     q4_linear = Op(q4_matmul.q4_linear)
     fp8_linear = Op(fp8_matmul.fp8_linear)
+    row_invariant_linear = Op(row_invariant.row_invariant_linear)
     write_kv = Op(paged_attention.write_kv)
     paged_attention = Op(attention.paged_attention)
     softmax_topk_routing = Op(moe_routing.softmax_topk_routing)

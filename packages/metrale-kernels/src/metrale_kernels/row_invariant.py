@@ -47,8 +47,9 @@ def row_invariant_linear(
     *,
     call_rows: int = MAX_CALL_ROWS,
 ) -> torch.Tensor:
-    """``x @ weight.T + bias`` with ``x``'s rows padded to whole ``tile``s, in calls of at most
-    ``call_rows`` rows (None: one plain call)."""
+    """``x @ weight.T + bias``, each row's bits the same whatever the other rows of the call
+    (for a ``tile`` from :func:`matmul_row_tile`): ``x``'s rows padded to whole ``tile``s, in
+    calls of at most ``call_rows`` rows (None: one plain call)."""
     num_rows = x.shape[0]
     if tile is not None and num_rows > call_rows:
         return torch.cat(

@@ -200,7 +200,7 @@ def build_model(
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(canonical.setdefault(id(param), name), []).append(name)
     meta_params = dict(model.named_parameters())
-    column_major = column_major_names(model) if device.type == "cpu" else set()
+    column_major = column_major_names(model, dtype) if device.type == "cpu" else set()
     shapes: dict[str, torch.Size] = {name: param.shape for name, param in meta_params.items()}
     shapes.update((name, torch.Size(rows.logical_shape)) for name, rows in int8_rows.items())
     coverage = {name: _Coverage(shape) for name, shape in shapes.items()}
@@ -271,7 +271,7 @@ def build_model(
     return model.eval()
 
 
-def column_major_names(model: nn.Module) -> set[str]:
+def column_major_names(model: nn.Module, dtype: torch.dtype) -> set[str]:
     """Projection weights to keep as a transposed view of ``(in, out)`` storage, and stacked
     experts (:class:`~metrale_model_arch.families.moe.StackedExperts`) of ``(experts, in,
     out)`` storage.
@@ -279,8 +279,10 @@ def column_major_names(model: nn.Module) -> set[str]:
     Same values, names and shapes; only the strides change. On CPU, a matrix-vector product
     streams such a weight ~15-40% faster (batch-1 decode is bound by reading weights), and
     wider batches run at the same speed; the CPU backend's ``fused_moe`` multiplies experts so
-    stored natively. A weight shared with an embedding stays row-major: the embedding gathers
-    its rows.
+    stored natively, and its ``row_invariant_linear`` a float32 head. A weight shared with an
+    embedding stays row-major (the embedding gathers its rows), except a float32 head tied to
+    a plain ``nn.Embedding``: its decode step, 2.5x faster input-major, outweighs the gather
+    of columns (a 2048-token prompt's: 18-80 ms instead of 1-4 ms, measured).
     """
     embedding_weights = {
         id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)
@@ -291,6 +293,14 @@ def column_major_names(model: nn.Module) -> set[str]:
             names.add(f"{module_name}.weight")
         elif isinstance(module, StackedExperts):
             names.update(f"{module_name}.{leaf}" for leaf in StackedExperts.WEIGHTS)
+    head = getattr(model, "lm_head", None)
+    if dtype == torch.float32 and type(head) is nn.Linear:
+        tied = [
+            f"{module_name}.weight"
+            for module_name, module in model.named_modules()
+            if type(module) is nn.Embedding and module.weight is head.weight
+        ]
+        names.update(tied and [*tied, "lm_head.weight"])
     return names
 
 
