@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from metrale_config import model_config_from_hf_dict, model_config_from_hf_file
+from metrale_config import ModelConfig, model_config_from_hf_dict, model_config_from_hf_file
 from metrale_model_arch.cache_spec import (
     FullAttentionSpec,
     SlidingWindowRingSpec,
@@ -19,6 +19,7 @@ from metrale_model_arch.cache_spec import (
 from metrale_model_arch.kv_cache_dtype import KvCacheDtype
 from metrale_model_arch.memory import (
     SLIDING_WINDOW_KV,
+    MemoryPlan,
     PlanInputs,
     kv_bytes_per_token,
     plan_memory,
@@ -138,18 +139,24 @@ def test_qwen2_rings_its_layers_from_max_window_layers_on() -> None:
     assert {type(s) for s in specs} == {FullAttentionSpec}
 
 
-def test_the_plan_rings_mistral_7b_and_fits_every_slot_at_full_length() -> None:
-    config = model_config_from_hf_dict(MISTRAL_7B, source="Mistral-7B-v0.1")
+def plans_both_ways(config: ModelConfig, *, gib: int, slots: int) -> tuple[MemoryPlan, MemoryPlan]:
+    """``config``'s bf16 plans on ``gib`` GiB of CUDA for ``slots`` sequences of 32k tokens,
+    with the lever at ``ring`` and at ``full``."""
     inputs = PlanInputs(
         device_kind="cuda",
-        total_bytes=80 * 2**30,
+        total_bytes=gib * 2**30,
         gpu_memory_utilization=0.9,
         dtype_bytes=2,
         max_seq_len=32768,
-        max_batch_size=32,
+        max_batch_size=slots,
     )
-    ringed = plan_memory(config, inputs)
-    pooled = plan_memory(config, attrs.evolve(inputs, sliding_window_cache=SlidingWindowCache.FULL))
+    full = attrs.evolve(inputs, sliding_window_cache=SlidingWindowCache.FULL)
+    return plan_memory(config, inputs), plan_memory(config, full)
+
+
+def test_the_plan_rings_mistral_7b_and_fits_every_slot_at_full_length() -> None:
+    config = model_config_from_hf_dict(MISTRAL_7B, source="Mistral-7B-v0.1")
+    ringed, pooled = plans_both_ways(config, gib=80, slots=32)
     assert ringed.ring is not None
     assert pooled.ring is None
     # 32 slots x 32 rings of 6160 tokens, K and V; the pool prices no layer.
@@ -169,16 +176,7 @@ def test_a_bad_lever_value_is_named() -> None:
 
 def test_the_plan_rings_where_the_pool_then_holds_more_tokens() -> None:
     config = model_config_from_hf_file(GPT_OSS_120B)
-    inputs = PlanInputs(
-        device_kind="cuda",
-        total_bytes=320 * 2**30,
-        gpu_memory_utilization=0.9,
-        dtype_bytes=2,
-        max_seq_len=32768,
-        max_batch_size=64,
-    )
-    ringed = plan_memory(config, inputs)
-    pooled = plan_memory(config, attrs.evolve(inputs, sliding_window_cache=SlidingWindowCache.FULL))
+    ringed, pooled = plans_both_ways(config, gib=320, slots=64)
     assert ringed.ring == attrs.evolve(LAYOUT, max_seq_len=32768)
     assert pooled.ring is None
     assert ringed.by_owner()[SLIDING_WINDOW_KV] == 64 * 18 * 2 * 656 * 8 * 64 * 2
@@ -187,7 +185,7 @@ def test_the_plan_rings_where_the_pool_then_holds_more_tokens() -> None:
     assert ringed.max_kv_tokens > 1.8 * pooled.max_kv_tokens
     # 2 slots of 1024 tokens with 8 KV blocks of 16 fixed: 2 rings of 656 tokens cost more
     # than the 128 pool tokens they would free.
-    small = attrs.evolve(inputs, max_seq_len=1024, max_batch_size=2, num_kv_blocks=8)
+    small = attrs.evolve(ringed.inputs, max_seq_len=1024, max_batch_size=2, num_kv_blocks=8)
     assert plan_memory(config, small).ring is None
 
 

@@ -119,16 +119,22 @@ def test_each_method_loads_near_the_float_model(
     assert top1 >= least_top1
 
 
-def test_the_awq_checkpoint_serves_as_q4(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Served as ``met serve`` serves it (``--quantization auto``: repacked into q4 blocks)."""
-    out = tmp_path / "awq"
-    quantized(tiny_model_dir, out, "awq")
+def assert_serves_as_q4(out: Path) -> None:
+    """``out`` loads as ``met serve`` loads it (``--quantization auto``: repacked into q4
+    blocks) and generates."""
     llm = LLM(str(out), dtype="float32")
     assert llm.engine.loaded.quantization == "q4"
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     (output,) = llm.generate(["Hello"], params)
     assert output.error is None
     assert len(output.outputs[0].token_ids) == NUM_TOKENS
+
+
+def test_the_awq_checkpoint_serves_as_q4(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Served as ``met serve`` serves it (``--quantization auto``: repacked into q4 blocks)."""
+    out = tmp_path / "awq"
+    quantized(tiny_model_dir, out, "awq")
+    assert_serves_as_q4(out)
 
 
 @pytest.mark.slow
@@ -335,9 +341,4 @@ def test_act_order_writes_gptq_desc_act_that_serves_as_q4(
     relative = relative_difference(out, float_logits)
     print(f"gptq act-order: relative logit difference {relative:.4f}")
     assert relative < METHODS[("gptq",)][0]
-    llm = LLM(str(out), dtype="float32")
-    assert llm.engine.loaded.quantization == "q4"
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
-    (output,) = llm.generate(["Hello"], params)
-    assert output.error is None
-    assert len(output.outputs[0].token_ids) == NUM_TOKENS
+    assert_serves_as_q4(out)
