@@ -210,6 +210,33 @@ def test_input_major_mm_matches_float64_and_each_row_alone(
         assert torch.equal(alone, out[row : row + 1])
 
 
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features"),
+    [(7, 3000, 200), (16, 3000, 130), (129, 4500, 70), (300, 3000, 70)],
+)
+def test_input_major_mm_over_k_blocks_gives_each_row_its_bits_alone_and_into_out(
+    backend: CpuBackend, rows: int, in_features: int, out_features: int
+) -> None:
+    """Past the blocks of K (and a last tile of fewer than 64 columns), each row is still the
+    same sum alone or in a batch, returned or written into a strided ``out``."""
+    del backend
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator)
+    w = torch.randn(in_features, out_features + 3, generator=generator)[:, :out_features]
+    bias = torch.randn(out_features, generator=generator)
+    got = torch.ops.metrale.input_major_mm(x, w, bias)
+    expected = x.double() @ w.double() + bias.double()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
+    into = torch.full((rows, out_features + 2), float("nan"))
+    torch.ops.metrale.input_major_mm_out(x, w, bias, into[:, 1:-1])
+    assert torch.equal(into[:, 1:-1], got)
+    assert into[:, [0, -1]].isnan().all()
+    for row in {0, 6, rows // 2, rows - 1}:
+        alone = torch.ops.metrale.input_major_mm(x[row : row + 1], w, bias)
+        assert torch.equal(alone, got[row : row + 1])
+    assert torch.equal(torch.ops.metrale.input_major_mm(x[:7], w, bias), got[:7])
+
+
 def test_input_major_mm_refuses_what_it_cannot_read(backend: CpuBackend) -> None:
     del backend
     x, w = torch.randn(2, 8), torch.randn(16, 8)
@@ -217,6 +244,8 @@ def test_input_major_mm_refuses_what_it_cannot_read(backend: CpuBackend) -> None
         torch.ops.metrale.input_major_mm(x, w.t(), None)
     with pytest.raises(RuntimeError, match=r"x \(M, K\) and w \(K, N\)"):
         torch.ops.metrale.input_major_mm(x, w, None)
+    with pytest.raises(RuntimeError, match=r"out \(M, N\)"):
+        torch.ops.metrale.input_major_mm_out(x, torch.randn(8, 16), None, torch.empty(2, 15))
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 40])

@@ -13,11 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from metrale_kernels import cpu_features
+from metrale_kernels.cpu.native import load_native_ops
 
 CHECK = r"""
 import itertools
+import os
 import torch
 from metrale_kernels.testing.native_layers import check_layer_ops
 from metrale_kernels import TorchBackend
@@ -60,6 +63,10 @@ for rows, k, n in [(1, 64, 130), (7, 96, 64), (40, 64, 200)]:
     for i in range(rows):
         alone = torch.ops.metrale.input_major_mm(x[i : i + 1], w, bias)
         assert torch.equal(alone[0], got[i]), (rows, k, n, i)
+# input_major_mm over blocks of K: the test compares these bits with its own build's.
+cases = torch.load(os.environ["INPUT_MAJOR_CASES"])
+torch.save([torch.ops.metrale.input_major_mm(*case) for case in cases],
+           os.environ["INPUT_MAJOR_OUTPUTS"])
 cpu = CpuBackend()
 kv_dtypes = (torch.float32, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
 for window, kv_dtype in itertools.product((None, 5), kv_dtypes):
@@ -85,7 +92,15 @@ def test_an_instruction_set_path_matches_the_reference(
         pytest.skip("needs a C++ compiler")
     if not needs <= cpu_features().flags or cpu_features().machine != "x86_64":
         pytest.skip(f"this CPU cannot run the {path} path")
-    env = {**os.environ, "METRALE_NATIVE_MARCH": march, "XDG_CACHE_HOME": str(tmp_path)}
+    cases = input_major_cases()
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {
+        **os.environ,
+        "METRALE_NATIVE_MARCH": march,
+        "XDG_CACHE_HOME": str(tmp_path),
+        "INPUT_MAJOR_CASES": str(tmp_path / "cases.pt"),
+        "INPUT_MAJOR_OUTPUTS": str(tmp_path / "outputs.pt"),
+    }
     done = subprocess.run(
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
     )
@@ -94,3 +109,19 @@ def test_an_instruction_set_path_matches_the_reference(
     assert int8_path == path
     assert q4_path == path
     assert q4_mm_path == path
+    # Every instruction set sums each output in the same order: the same bits as this
+    # machine's own build (AVX-512 tiles over blocks of K, where it has them).
+    load_native_ops()
+    for case, theirs in zip(cases, torch.load(tmp_path / "outputs.pt"), strict=True):
+        assert torch.equal(torch.ops.metrale.input_major_mm(*case), theirs), case[0].shape
+
+
+def input_major_cases() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(x, w, bias) past one block of K, with a last tile of fewer than 64 columns."""
+    generator = torch.Generator().manual_seed(0)
+    cases: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+    for rows, k, n in [(7, 3000, 200), (16, 3000, 130), (129, 4500, 70), (300, 3000, 70)]:
+        x = torch.randn(rows, k, generator=generator)
+        w = torch.randn(k, n, generator=generator)
+        cases.append((x, w, torch.randn(n, generator=generator) if rows % 2 else None))
+    return cases

@@ -15,7 +15,7 @@
 - ``row_invariant_linear`` with a float32 weight stored input-major (the CPU loader's layout)
   is ``metrale::input_major_mm`` (below): a row's bits do not depend on the call's other rows
   without padding them to a GEMM tile, and one row reads the weight once, ~3x the speed of a
-  padded GEMM (the vocabulary head at decode); past ~8 rows it is as fast or up to ~1.4x slower
+  padded GEMM (the vocabulary head at decode); past ~8 rows it is 0.6-1.2x its time on a head
   (a head's prompt logprobs). Other weights take the reference.
 - ``fused_moe`` with float32 experts stored input-major (transformers' gpt-oss layout, and the
   other families' stacked experts as the CPU loader stores them; the op reads both through
@@ -180,11 +180,19 @@ def paged_attention(
     return out
 
 
-def input_major_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x @ weight.T + bias`` for a ``weight (out, in)`` stored input-major."""
+def input_major_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor | None = None
+) -> Tensor:
+    """``x @ weight.T + bias`` for a ``weight (out, in)`` stored input-major, written to ``out``
+    (float32, contiguous rows) when given."""
     contiguous_bias = None if bias is None else bias.contiguous()
-    result: Tensor = torch.ops.metrale.input_major_mm(x.contiguous(), weight.t(), contiguous_bias)
-    return result
+    if out is None:
+        result: Tensor = torch.ops.metrale.input_major_mm(
+            x.contiguous(), weight.t(), contiguous_bias
+        )
+        return result
+    torch.ops.metrale.input_major_mm_out(x.contiguous(), weight.t(), contiguous_bias, out)
+    return out
 
 
 @kernel(KernelBackend.row_invariant_linear)

@@ -7,8 +7,11 @@
 // on the other rows of the call (row invariance) without padding rows to a GEMM's tile: at the
 // one or two rows a decode step gives an expert, the weight is read once, in order.
 //
-// Past 6 rows, a tile is 6 rows x 64 columns (24 AVX-512 accumulators, in registers) over all
-// of K; the threads split the columns.
+// Past 6 rows, a tile is 6 rows x 64 columns (24 AVX-512 accumulators, in registers; the last
+// columns masked lanes). The weight is copied in blocks of rows x tiles that every row tile
+// passes over, the sums carried from one block of K to the next in the output: a float stored
+// and reloaded is the same float, so each output stays one fma chain from k = 0. The threads
+// split the columns. input_major_mm_out writes into a given (M, N).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -78,71 +81,120 @@ void stream_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1) 
 }
 
 #if defined(__AVX512F__)
-// w: the tile's first column of row 0, its rows ldw apart.
+// Up to kFewRows rows, a weight block is 4 tiles wide (long rows read from memory in turn)
+// and 256 deep; past it, one tile wide and up to 4096 deep (fewer carries of the sums).
+constexpr int64_t kFewRows = 128;
+constexpr int64_t kPrefetchRows = 8;
+
+// The first count lanes (none for count <= 0, all for count >= 16).
+inline __mmask16 first_lanes(int64_t count) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(count, 0, 16)) - 1);
+}
+
+// Rows [m0, m0 + R) x the tile's columns over the weight's rows [k0, k0 + depth), from a packed
+// panel (depth x kTileCols), the sums so far read from out (past the first block of K).
 template <int R>
-void vector_tile(const Operands& op, const float* w, int64_t ldw, int64_t m0, int64_t n0) {
+void vector_tile(const Operands& op, const float* panel, int64_t m0, int64_t n0, int64_t k0,
+                 int64_t depth, const __mmask16* masks) {
   constexpr int V = kTileCols / 16;
   __m512 acc[R][V];
+  float* out = op.out + m0 * op.ldo + n0;
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  const float* x = op.x + m0 * op.ldx;
-  for (int64_t k = 0; k < op.k_size; ++k) {
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(masks[v], out + r * op.ldo + 16 * v);
+  const float* x = op.x + m0 * op.ldx + k0;
+  for (int64_t k = 0; k < depth; ++k) {
     __m512 wv[V];
-    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(w + k * ldw + 16 * v);
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(panel + k * kTileCols + 16 * v);
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(x[r * op.ldx + k]);
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, wv[v], acc[r][v]);
     }
   }
+  const bool is_last = k0 + depth == op.k_size;
   for (int r = 0; r < R; ++r) {
-    float* out = op.out + (m0 + r) * op.ldo + n0;
     for (int v = 0; v < V; ++v) {
       __m512 result = acc[r][v];
-      if (op.bias != nullptr) result = _mm512_add_ps(result, _mm512_loadu_ps(op.bias + n0 + 16 * v));
-      _mm512_storeu_ps(out + 16 * v, result);
+      if (is_last && op.bias != nullptr)
+        result = _mm512_add_ps(result, _mm512_maskz_loadu_ps(masks[v], op.bias + n0 + 16 * v));
+      _mm512_mask_storeu_ps(out + r * op.ldo + 16 * v, masks[v], result);
     }
   }
 }
 
-// Columns [n0, n0 + kTileCols) of every row. Past one row tile, the weight's columns are first
-// copied to a contiguous panel: rows of a large weight lie a multiple of 4 KiB apart, and read
-// in place they fall in the same few cache sets (measured: half the speed at 64-256 rows).
-void full_tile_columns(const Operands& op, int64_t m_size, int64_t n0, std::vector<float>& panel) {
-  const float* w = op.w + n0;
-  int64_t ldw = op.ldw;
-  if (m_size > kTileRows) {
-    panel.resize(op.k_size * kTileCols);
-    for (int64_t k = 0; k < op.k_size; ++k)
-      std::copy_n(op.w + k * op.ldw + n0, kTileCols, panel.data() + k * kTileCols);
-    w = panel.data();
-    ldw = kTileCols;
+// Weight rows [k0, k0 + depth) x columns [n0, n1) into panels of kTileCols columns, the last
+// zero-padded. Copied contiguous: rows of a large weight lie a multiple of 4 KiB apart, and read
+// in place they fall in the same few cache sets.
+void pack_panels(const Operands& op, int64_t k0, int64_t depth, int64_t n0, int64_t n1, float* panels) {
+  for (int64_t k = 0; k < depth; ++k) {
+    const float* w = op.w + (k0 + k) * op.ldw;
+    if (k0 + k + kPrefetchRows < op.k_size)
+      for (int64_t n = n0; n < n1; n += 16)
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchRows * op.ldw + n), _MM_HINT_T0);
+    for (int64_t n = n0; n < n1; n += kTileCols) {
+      float* panel = panels + (n - n0) * depth + k * kTileCols;
+      for (int64_t v = 0; v < kTileCols / 16; ++v)
+        _mm512_storeu_ps(panel + 16 * v, _mm512_maskz_loadu_ps(first_lanes(n1 - n - 16 * v), w + n + 16 * v));
+    }
   }
-  int64_t m = 0;
-  for (; m + kTileRows <= m_size; m += kTileRows) vector_tile<kTileRows>(op, w, ldw, m, n0);
-  switch (m_size - m) {
-    case 5: vector_tile<5>(op, w, ldw, m, n0); break;
-    case 4: vector_tile<4>(op, w, ldw, m, n0); break;
-    case 3: vector_tile<3>(op, w, ldw, m, n0); break;
-    case 2: vector_tile<2>(op, w, ldw, m, n0); break;
-    case 1: vector_tile<1>(op, w, ldw, m, n0); break;
-    default: break;
+}
+
+// Every row x columns [n0, n1): block_tiles tiles' columns at a time, over K in blocks (the sums
+// carried over in out), each block packed once and used by every row tile.
+void tile_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1, std::vector<float>& panels) {
+  const int64_t block_tiles = m_size <= kFewRows ? 4 : 1;
+  const int64_t block_k = m_size <= kFewRows ? 256 : 4096;
+  // 64-byte aligned: a panel's vector loads each one cache line.
+  panels.resize(block_k * block_tiles * kTileCols + 15);
+  float* const packed = panels.data() + (-reinterpret_cast<uintptr_t>(panels.data()) / sizeof(float)) % 16;
+  for (int64_t nb = n0; nb < n1; nb += block_tiles * kTileCols) {
+    const int64_t nb1 = std::min(n1, nb + block_tiles * kTileCols);
+    for (int64_t k0 = 0; k0 < op.k_size; k0 += block_k) {
+      const int64_t depth = std::min(block_k, op.k_size - k0);
+      pack_panels(op, k0, depth, nb, nb1, packed);
+      for (int64_t n = nb; n < nb1; n += kTileCols) {
+        __mmask16 masks[kTileCols / 16];
+        for (int64_t v = 0; v < kTileCols / 16; ++v) masks[v] = first_lanes(nb1 - n - 16 * v);
+        const float* panel = packed + (n - nb) * depth;
+        int64_t m = 0;
+        for (; m + kTileRows <= m_size; m += kTileRows)
+          vector_tile<kTileRows>(op, panel, m, n, k0, depth, masks);
+        switch (m_size - m) {
+          case 5: vector_tile<5>(op, panel, m, n, k0, depth, masks); break;
+          case 4: vector_tile<4>(op, panel, m, n, k0, depth, masks); break;
+          case 3: vector_tile<3>(op, panel, m, n, k0, depth, masks); break;
+          case 2: vector_tile<2>(op, panel, m, n, k0, depth, masks); break;
+          case 1: vector_tile<1>(op, panel, m, n, k0, depth, masks); break;
+          default: break;
+        }
+      }
+    }
   }
 }
 const char* const kPath = "avx512";
 #else
-void full_tile_columns(const Operands& op, int64_t m_size, int64_t n0, std::vector<float>&) {
-  scalar_tile(op, 0, m_size, n0, kTileCols);
+void tile_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1, std::vector<float>&) {
+  scalar_tile(op, 0, m_size, n0, n1 - n0);
 }
 const char* const kPath = "scalar";
 #endif
 
-at::Tensor input_major_mm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+void check_operands(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(0),
               "input_major_mm: x (M, K) and w (K, N)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
               "input_major_mm: float32 x and w");
   TORCH_CHECK(x.stride(1) == 1 && w.stride(1) == 1, "input_major_mm: x and w with contiguous rows");
+}
+
+// out (M, N) float32 with contiguous rows, not overlapping x: it holds the sums between K blocks.
+void input_major_mm_out(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                        at::Tensor& out) {
+  check_operands(x, w);
   const int64_t m_size = x.size(0), k_size = x.size(1), n_size = w.size(1);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == m_size &&
+                  out.size(1) == n_size && (n_size <= 1 || out.stride(1) == 1),
+              "input_major_mm: out (M, N) float32 with contiguous rows");
   const float* bias_data = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 1 && bias->size(0) == n_size &&
@@ -150,23 +202,24 @@ at::Tensor input_major_mm(const at::Tensor& x, const at::Tensor& w, const c10::o
                 "input_major_mm: bias (N,) contiguous float32");
     bias_data = bias->data_ptr<float>();
   }
-  at::Tensor out = at::empty({m_size, n_size}, x.options());
   const Operands op{x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), w.stride(0), k_size,
-                    bias_data, out.data_ptr<float>(), n_size};
-  const int64_t full_tiles = n_size / kTileCols;
+                    bias_data, out.data_ptr<float>(), out.stride(0)};
   if (m_size > 0 && m_size <= kTileRows) {
     at::parallel_for(0, n_size, kTileCols, [&](int64_t begin, int64_t end) {
       stream_columns(op, m_size, begin, end);
     });
   } else if (m_size > 0) {
-    at::parallel_for(0, full_tiles, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> panel;
-      for (int64_t tile = begin; tile < end; ++tile)
-        full_tile_columns(op, m_size, tile * kTileCols, panel);
+    at::parallel_for(0, (n_size + kTileCols - 1) / kTileCols, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> panels;
+      tile_columns(op, m_size, begin * kTileCols, std::min(n_size, end * kTileCols), panels);
     });
-    const int64_t n0 = full_tiles * kTileCols;
-    if (n0 < n_size) scalar_tile(op, 0, m_size, n0, n_size - n0);
   }
+}
+
+at::Tensor input_major_mm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  check_operands(x, w);
+  at::Tensor out = at::empty({x.size(0), w.size(1)}, x.options());
+  input_major_mm_out(x, w, bias, out);
   return out;
 }
 
@@ -177,5 +230,7 @@ std::string input_major_mm_path() { return kPath; }
 TORCH_LIBRARY_FRAGMENT(metrale, m) {
   m.def("input_major_mm(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.impl("input_major_mm", c10::DispatchKey::CPU, TORCH_FN(input_major_mm));
+  m.def("input_major_mm_out(Tensor x, Tensor w, Tensor? bias, Tensor(a!) out) -> ()");
+  m.impl("input_major_mm_out", c10::DispatchKey::CPU, TORCH_FN(input_major_mm_out));
   m.def("input_major_mm_path() -> str", &input_major_mm_path);
 }

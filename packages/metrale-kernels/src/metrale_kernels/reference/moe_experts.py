@@ -26,9 +26,11 @@ from metrale_kernels.row_invariant import (
 
 SILU, SWIGLUOAI = "silu", "swigluoai"
 ACTIVATIONS = (SILU, SWIGLUOAI)
-# (rows (n, in), weight (out, in), bias (out,) or None) -> (n, out): one expert's projection,
-# each row's result independent of the others.
-ExpertLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+# (rows (n, in), weight (out, in), bias (out,) or None, out (n, out) or None) -> (n, out): one
+# expert's projection, each row's result independent of the others, written to out when given.
+ExpertLinear = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor
+]
 
 
 def swiglu(gate_up: torch.Tensor, swiglu_limit: float | None = None) -> torch.Tensor:
@@ -108,15 +110,15 @@ def fused_moe(
     # depend on how many others chose its experts (:mod:`metrale_kernels.row_invariant`).
     tile = matmul_row_tile(hidden.dtype) if hidden.device.type == "cpu" else None
     linear = expert_linear or functools.partial(
-        row_invariant_linear, tile=tile, call_rows=matmul_call_rows(hidden.dtype)
+        _copied_linear, tile=tile, call_rows=matmul_call_rows(hidden.dtype)
     )
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         rows = slice(start, start + count)
-        gate_up = linear(routed[rows], w_gate_up[expert], _row(gate_up_bias, expert))
-        expert_out[rows] = linear(activate(gate_up), w_down[expert], _row(down_bias, expert))
+        gate_up = linear(routed[rows], w_gate_up[expert], _row(gate_up_bias, expert), None)
+        linear(activate(gate_up), w_down[expert], _row(down_bias, expert), expert_out[rows])
         start += count
     expert_out *= topk_weights.flatten().index_select(0, order).to(wide)[:, None]
     summed = torch.zeros(num_tokens, hidden.shape[1], dtype=wide, device=hidden.device)
@@ -124,6 +126,19 @@ def fused_moe(
     if out is None:
         return summed.to(hidden.dtype)
     return out.copy_(summed)
+
+
+def _copied_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    *,
+    tile: int | None,
+    call_rows: int,
+) -> torch.Tensor:
+    result = row_invariant_linear(x, weight, bias, tile, call_rows=call_rows)
+    return result if out is None else out.copy_(result)
 
 
 def _row(bias: torch.Tensor | None, expert: int) -> torch.Tensor | None:
