@@ -30,7 +30,8 @@ from metrale_kernels.testing.paged_batches import paged_batch
 from metrale_kernels.reference.q4_matmul import dequantize_q4, q4_linear, quantize_q4
 
 ops = load_native_ops()
-print(ops.int8_path, ops.q4_path, torch.ops.metrale.q4_mm_path())
+print(ops.int8_path, ops.q4_path, torch.ops.metrale.q4_mm_path(),
+      torch.ops.metrale.input_major_mm_path())
 generator = torch.Generator().manual_seed(0)
 for rows, n, k in [(1, 7, 5), (2, 33, 100), (8, 64, 576), (3, 5, 1536), (67, 40, 200)]:
     a = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
@@ -105,10 +106,11 @@ def test_an_instruction_set_path_matches_the_reference(
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    int8_path, q4_path, q4_mm_path = done.stdout.split()[:3]
+    int8_path, q4_path, q4_mm_path, input_major_path = done.stdout.split()[:4]
     assert int8_path == path
     assert q4_path == path
     assert q4_mm_path == path
+    assert input_major_path == path
     # Every instruction set sums each output in the same order: the same bits as this
     # machine's own build (AVX-512 tiles over blocks of K, where it has them).
     load_native_ops()

@@ -10,8 +10,10 @@
 // Past 6 rows, a tile is 6 rows x 64 columns (24 AVX-512 accumulators, in registers; the last
 // columns masked lanes). The weight is copied in blocks of rows x tiles that every row tile
 // passes over, the sums carried from one block of K to the next in the output: a float stored
-// and reloaded is the same float, so each output stays one fma chain from k = 0. The threads
-// split the columns. input_major_mm_out writes into a given (M, N).
+// and reloaded is the same float, so each output stays one fma chain from k = 0. Without
+// AVX-512, a tile is 6 rows x 16 columns (12 AVX2 accumulators) over a packed strip of the
+// weight; without AVX2, rows go 6 at a time through the few-row stream. The threads split the
+// columns. input_major_mm_out writes into a given (M, N).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -22,7 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -41,17 +43,6 @@ struct Operands {
   float* out;
   int64_t ldo;
 };
-
-// Rows [m0, m0 + rows) x columns [n0, n0 + cols), scalar (any cols): the reference arithmetic.
-void scalar_tile(const Operands& op, int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
-  for (int64_t m = m0; m < m0 + rows; ++m) {
-    for (int64_t n = n0; n < n0 + cols; ++n) {
-      float acc = 0.f;
-      for (int64_t k = 0; k < op.k_size; ++k) acc = std::fma(op.x[m * op.ldx + k], op.w[k * op.ldw + n], acc);
-      op.out[m * op.ldo + n] = op.bias != nullptr ? acc + op.bias[n] : acc;
-    }
-  }
-}
 
 // acc[n] = fma(a, w[n], acc[n]) for n in [0, count).
 inline void fma_row(float a, const float* w, float* acc, int64_t count) {
@@ -173,10 +164,74 @@ void tile_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1, st
 }
 const char* const kPath = "avx512";
 #else
+// Rows [m0, m0 + rows) x columns [n0, n1) streamed as a decode step's are.
+void stream_rows(const Operands& op, int64_t m0, int64_t rows, int64_t n0, int64_t n1) {
+  Operands group = op;
+  group.x = op.x + m0 * op.ldx;
+  group.out = op.out + m0 * op.ldo;
+  stream_columns(group, rows, n0, n1);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kAvx2Cols = 16;
+
+// Rows [m0, m0 + R) x 16 columns over all of K, 2R AVX2 accumulators in registers; w: the
+// columns' first weight row, its rows ldw apart; out: the columns' first output.
+template <int R>
+void avx2_tile(const Operands& op, const float* w, int64_t ldw, int64_t m0, int64_t n0) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const float* x = op.x + m0 * op.ldx;
+  for (int64_t k = 0; k < op.k_size; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(w + k * ldw), w1 = _mm256_loadu_ps(w + k * ldw + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_set1_ps(x[r * op.ldx + k]);
+      acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = op.out + (m0 + r) * op.ldo + n0;
+    for (int v = 0; v < 2; ++v) {
+      __m256 result = acc[r][v];
+      if (op.bias != nullptr) result = _mm256_add_ps(result, _mm256_loadu_ps(op.bias + n0 + 8 * v));
+      _mm256_storeu_ps(out + 8 * v, result);
+    }
+  }
+}
+
+// Every row x columns [n0, n1): 6 x 16 tiles over each strip of 16 columns copied to a
+// contiguous panel (rows of a large weight lie a multiple of 4 KiB apart: read in place they
+// fall in the same few cache sets), the last columns streamed.
+void tile_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1, std::vector<float>& panel) {
+  panel.resize(op.k_size * kAvx2Cols);
+  int64_t n = n0;
+  for (; n + kAvx2Cols <= n1; n += kAvx2Cols) {
+    for (int64_t k = 0; k < op.k_size; ++k)
+      std::copy_n(op.w + k * op.ldw + n, kAvx2Cols, panel.data() + k * kAvx2Cols);
+    const float* w = panel.data();
+    int64_t m = 0;
+    for (; m + kTileRows <= m_size; m += kTileRows) avx2_tile<kTileRows>(op, w, kAvx2Cols, m, n);
+    switch (m_size - m) {
+      case 5: avx2_tile<5>(op, w, kAvx2Cols, m, n); break;
+      case 4: avx2_tile<4>(op, w, kAvx2Cols, m, n); break;
+      case 3: avx2_tile<3>(op, w, kAvx2Cols, m, n); break;
+      case 2: avx2_tile<2>(op, w, kAvx2Cols, m, n); break;
+      case 1: avx2_tile<1>(op, w, kAvx2Cols, m, n); break;
+      default: break;
+    }
+  }
+  if (n < n1)
+    for (int64_t m0 = 0; m0 < m_size; m0 += kTileRows) stream_rows(op, m0, std::min(kTileRows, m_size - m0), n, n1);
+}
+const char* const kPath = "avx2";
+#else
+// Rows kTileRows at a time, each group's columns streamed (fma_row vectorized by the compiler).
 void tile_columns(const Operands& op, int64_t m_size, int64_t n0, int64_t n1, std::vector<float>&) {
-  scalar_tile(op, 0, m_size, n0, n1 - n0);
+  for (int64_t m0 = 0; m0 < m_size; m0 += kTileRows) stream_rows(op, m0, std::min(kTileRows, m_size - m0), n0, n1);
 }
 const char* const kPath = "scalar";
+#endif
 #endif
 
 void check_operands(const at::Tensor& x, const at::Tensor& w) {
