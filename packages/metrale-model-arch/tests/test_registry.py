@@ -41,10 +41,9 @@ def test_parsed_but_unrunnable_model_type_lists_the_supported_ones(
     assert "'planned_only'" in message
     assert "tiny test config" in message
     assert (
-        "deepseek_v2, deepseek_v3, gemma2, gemma3, gemma3_text, glm4_moe, glm5_next, "
-        "glm5_next_text, gpt_oss, granite, kimi_linear, llama, mistral, mixtral, olmo2, phi3, "
-        "qwen2, "
-        "qwen2_5_vl, qwen3, qwen3_moe, qwen3_next, smollm3" in message
+        "deepseek_v2, deepseek_v3, deepseek_v32, gemma2, gemma3, gemma3_text, glm4_moe, "
+        "glm5_next, glm5_next_text, gpt_oss, granite, kimi_linear, llama, mistral, mixtral, "
+        "olmo2, phi3, qwen2, qwen2_5_vl, qwen3, qwen3_moe, qwen3_next, smollm3" in message
     )
 
 

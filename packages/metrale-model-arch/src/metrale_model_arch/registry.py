@@ -125,6 +125,27 @@ DEEPSEEK_V2 = Architecture(
     cache_specs=attention_cache_specs,
     traits=frozenset({Trait.MOE, Trait.MLA}),
 )
+
+
+def paged_indexer_cache_specs(
+    config: ModelConfig, *, indexer_paged: bool
+) -> tuple[LayerCacheSpec, ...]:
+    """:func:`attention_cache_specs` with the indexer keys always in the KV pool (the flat
+    layout, ``METRALE_GLM_DSA_INDEXER_FLAT``, is GLM-5.3's)."""
+    del indexer_paged
+    return attention_cache_specs(config, indexer_paged=True)
+
+
+# DeepSeek-V3.2: V3 with a lightning indexer over single tokens on every layer. llama.cpp has
+# no architecture for it: no GGUF.
+DEEPSEEK_V32 = attrs.evolve(
+    DEEPSEEK_V2,
+    model_type="deepseek_v32",
+    gguf_names=None,
+    cache_specs=paged_indexer_cache_specs,
+)
+
+
 # Eager only (attention sinks on the row-invariant torch path, gpt-oss's biased MoE).
 GPT_OSS = Architecture(
     model_type="gpt_oss",
@@ -215,6 +236,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         GLM4_MOE,
         DEEPSEEK_V2,
         attrs.evolve(DEEPSEEK_V2, model_type="deepseek_v3"),
+        DEEPSEEK_V32,
         GPT_OSS,
         KIMI_LINEAR,
         QWEN3_NEXT,

@@ -45,6 +45,7 @@ _PARSERS: Mapping[str, Callable[[FieldReader, str], ModelConfig]] = {
     "glm4_moe": parse_glm4_moe,
     "deepseek_v2": parse_deepseek,
     "deepseek_v3": parse_deepseek,
+    "deepseek_v32": parse_deepseek,
     "kimi_linear": parse_kimi_linear,
     "glm5_next": parse_glm5_next,
     "glm5_next_text": parse_glm5_next,

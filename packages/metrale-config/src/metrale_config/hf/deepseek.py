@@ -12,6 +12,8 @@ Routing is told by the MoE fields alone: V2's ``greedy`` is one group (``n_group
 ``noaux_tc`` (sigmoid scores plus a correction bias) is the only V3 method.
 V3's multi-token-prediction layers (``num_nextn_predict_layers``) sit at index
 ``num_hidden_layers + k`` and take their MLP by the same rule as the stack; V2 has none.
+DeepSeek-V3.2 (``deepseek_v32``) is V3 with a DSA lightning indexer (``index_*``) on every
+layer, selecting single tokens (``index_kpool`` 1, no tail); it is served without MTP layers.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import attrs
 from metrale_config.fields import FieldReader
 from metrale_config.hf.common import parse_mtp
 from metrale_config.hf.llama_like import parse_common
-from metrale_config.model_config import MlaConfig, ModelConfig, MoeConfig
+from metrale_config.layer_types import LayerType
+from metrale_config.model_config import DsaConfig, MlaConfig, ModelConfig, MoeConfig
 
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 V3_TOPK_METHOD = "noaux_tc"
-SCORING_FUNCS = {"deepseek_v2": "softmax", "deepseek_v3": "sigmoid"}
+SCORING_FUNCS = {"deepseek_v2": "softmax", "deepseek_v3": "sigmoid", "deepseek_v32": "sigmoid"}
+DEEPSEEK_V32 = "deepseek_v32"
 
 
 @attrs.frozen(kw_only=True)
@@ -62,6 +66,7 @@ _DEFAULTS = {
         topk_group=4,
     ),
 }
+_DEFAULTS[DEEPSEEK_V32] = _DEFAULTS["deepseek_v3"]
 
 
 def parse_deepseek(reader: FieldReader, model_type: str) -> ModelConfig:
@@ -75,8 +80,11 @@ def parse_deepseek(reader: FieldReader, model_type: str) -> ModelConfig:
     kinds = moe.mlp_layer_types
     if mtp is not None:
         mtp = attrs.evolve(mtp, mlp_layer_types=kinds[num_layers:])
+    is_v32 = model_type == DEEPSEEK_V32
     return attrs.evolve(
         config,
+        layer_types=(LayerType.SPARSE_ATTENTION,) * num_layers if is_v32 else config.layer_types,
+        dsa=_parse_v32_indexer(reader, num_layers) if is_v32 else None,
         head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
         num_key_value_heads=config.num_attention_heads,
         qkv_bias=attention_bias,
@@ -99,6 +107,17 @@ def _parse_mla(reader: FieldReader, model_type: str) -> MlaConfig:
         qk_rope_head_dim=_even(reader, "qk_rope_head_dim", 64),
         v_head_dim=reader.positive_integer("v_head_dim", 128),
         rope_interleave=model_type == "deepseek_v2" or reader.boolean("rope_interleave", True),
+    )
+
+
+def _parse_v32_indexer(reader: FieldReader, num_layers: int) -> DsaConfig:
+    return DsaConfig(
+        index_n_heads=reader.positive_integer("index_n_heads", 64),
+        index_head_dim=reader.positive_integer("index_head_dim", 128),
+        index_topk=reader.positive_integer("index_topk", 2048),
+        index_kpool=1,
+        index_kpool_always_select_tail=False,
+        indexer_types=("full",) * num_layers,
     )
 
 

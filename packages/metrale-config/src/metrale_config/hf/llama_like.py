@@ -75,6 +75,7 @@ DEFAULTS = {
     ),
     "deepseek_v2": FamilyDefaults(max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
     "deepseek_v3": FamilyDefaults(max_position_embeddings=4096, bos_token_id=0, eos_token_id=1),
+    "deepseek_v32": FamilyDefaults(max_position_embeddings=163840, bos_token_id=0, eos_token_id=1),
     "olmo2": FamilyDefaults(
         max_position_embeddings=2048, rms_norm_eps=1e-5, eos_token_id=50279, pad_token_id=1
     ),

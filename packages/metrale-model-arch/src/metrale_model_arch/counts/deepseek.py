@@ -6,7 +6,8 @@ biases on ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``), two RMSNorms and
 dense SwiGLU MLP of ``intermediate_size``, or the routed and shared experts at the serve dtype
 with the router (and V3's score-correction bias) in float32. Each of V3's MTP layers is one
 more decoder layer plus ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``, counted in
-``mtp`` / ``mtp_fp32`` (its copies of the embedding and head are not loaded).
+``mtp`` / ``mtp_fp32`` (its copies of the embedding and head are not loaded). V3.2's layers add
+the lightning indexer (``wq_b``, ``wk``, the LayerNorm ``k_norm``, ``weights_proj``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from metrale_model_arch.counts.moe import (
 
 def deepseek_param_counts(config: ModelConfig) -> ParamCounts:
     """Exactly as ``DeepseekForCausalLM`` builds it, MTP layers included."""
-    attention_and_norms = mla_attention_params(config) + 2 * config.hidden_size
+    attention_and_norms = (
+        mla_attention_params(config) + _indexer_params(config) + 2 * config.hidden_size
+    )
     layers = SplitParams()
     for kind in require_moe(config).mlp_layer_types:
         layers += _mlp_params(config, kind) + SplitParams(serve=attention_and_norms)
@@ -73,6 +76,15 @@ def mla_attention_params(config: ModelConfig) -> int:
     if config.o_proj_bias:
         params += hidden
     return params
+
+
+def _indexer_params(config: ModelConfig) -> int:
+    dsa, mla = config.dsa, config.mla
+    if dsa is None or mla is None or mla.q_lora_rank is None:
+        return 0
+    heads, dim, hidden = dsa.index_n_heads, dsa.index_head_dim, config.hidden_size
+    # wq_b, wk, k_norm (weight and bias), weights_proj
+    return mla.q_lora_rank * heads * dim + hidden * dim + 2 * dim + hidden * heads
 
 
 def _mlp_params(config: ModelConfig, kind: str) -> SplitParams:

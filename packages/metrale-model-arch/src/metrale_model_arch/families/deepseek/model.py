@@ -1,5 +1,6 @@
-"""DeepSeek-V2 / V3 (``deepseek_v2``, ``deepseek_v3``): MLA attention over a paged latent cache
-(:mod:`.attention`), a dense SwiGLU MLP on the layers before ``first_k_dense_replace`` (and
+"""DeepSeek-V2 / V3 / V3.2 (``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32``): MLA attention
+over a paged latent cache (:mod:`.attention`; V3.2 attends where its lightning indexer selects,
+:mod:`.sparse_attention`), a dense SwiGLU MLP on the layers before ``first_k_dense_replace`` (and
 off ``moe_layer_freq``), DeepSeek's MoE elsewhere: V2's softmax routing (:mod:`.moe`), V3's
 sigmoid scores with a correction bias, group-limited
 (:class:`~metrale_model_arch.families.glm5_next.mlp.GlmMoeBlock`).
@@ -18,7 +19,11 @@ from metrale_config import ModelConfig
 from metrale_kernels import KernelBackend
 from metrale_model_arch.counts.moe import SPARSE, require_moe
 from metrale_model_arch.families.decoder_stack import DecoderStack
-from metrale_model_arch.families.deepseek.decoder_layer import DEEPSEEK_V2, DeepseekDecoderLayer
+from metrale_model_arch.families.deepseek.decoder_layer import (
+    DEEPSEEK_V2,
+    DEEPSEEK_V32,
+    DeepseekDecoderLayer,
+)
 from metrale_model_arch.families.deepseek.mtp import DeepseekMtpLayer
 from metrale_model_arch.families.llama import UNSUPPORTED_FEATURES, RMSNorm, check_supported
 from metrale_model_arch.families.mtp_causal_lm import MtpCausalLM, log_mtp_layers
@@ -44,8 +49,8 @@ class DeepseekModel(DecoderStack):
 
 
 class DeepseekForCausalLM(MtpCausalLM):
-    """Model types ``deepseek_v2`` and ``deepseek_v3`` (see :class:`CausalLM` and this
-    module's docstring)."""
+    """Model types ``deepseek_v2``, ``deepseek_v3`` and ``deepseek_v32`` (see
+    :class:`CausalLM` and this module's docstring)."""
 
     model: DeepseekModel
 
@@ -64,7 +69,8 @@ def check_deepseek_config(config: ModelConfig) -> None:
     moe = require_moe(config)
     if config.mla is None:
         raise ValueError(f"{config.source}: a {config.model_type} config needs its MLA fields")
-    check_supported(config, tuple(f for f in UNSUPPORTED_FEATURES if f not in ("moe", "mla")))
+    supported = ("moe", "mla", "dsa") if config.model_type == DEEPSEEK_V32 else ("moe", "mla")
+    check_supported(config, tuple(f for f in UNSUPPORTED_FEATURES if f not in supported))
     if config.mlp_bias:
         raise ValueError(f"{config.source}: {config.model_type} with mlp_bias is not supported")
     if config.model_type == DEEPSEEK_V2 and moe.norm_topk_prob:

@@ -7,6 +7,10 @@ The indexer (on "full" layers) scores each query against pooled keys (one per co
 ``index_kpool`` tokens) and selects the best ``index_topk / index_kpool`` pools plus the
 query's own incomplete pool (the tail); a "shared" layer reuses the selection of the full layer
 right before it. See :mod:`.indexer_cache` for where the pooled keys live.
+
+DeepSeek-V3.2's indexer (``rope_dim`` > 0, no pooling gate) is this one with single-token
+pools: it rotates the first ``rope_dim`` dims of its queries and keys (half-split, with the
+model's RoPE table) and needs no pooling parameters (a pool of one token is that token).
 """
 
 from __future__ import annotations
@@ -27,19 +31,31 @@ Selections = list[torch.Tensor]
 
 
 class Indexer(nn.Module):
-    def __init__(self, hidden_size: int, q_lora_rank: int, dsa: DsaConfig) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        dsa: DsaConfig,
+        *,
+        rope_dim: int = 0,
+        has_pool_gate: bool = True,
+    ) -> None:
         super().__init__()
         heads, dim = dsa.index_n_heads, dsa.index_head_dim
         self.num_heads, self.head_dim = heads, dim
         self.kpool = dsa.index_kpool
         self.topk_pools = dsa.index_topk // dsa.index_kpool
         self.select_tail = dsa.index_kpool_always_select_tail
+        self.rope_dim = rope_dim
         self.wq_b = nn.Linear(q_lora_rank, heads * dim, bias=False)
         self.wk = nn.Linear(hidden_size, dim, bias=False)
         self.k_norm = nn.LayerNorm(dim, eps=INDEX_KEY_NORM_EPS)
         self.weights_proj = nn.Linear(hidden_size, heads, bias=False)
-        self.index_kpool_compress_ape = nn.Parameter(torch.empty(self.kpool, dim))
-        self.index_kpool_compress_gate = nn.Parameter(torch.empty(dim, hidden_size))
+        self.index_kpool_compress_ape: nn.Parameter | None = None
+        self.index_kpool_compress_gate: nn.Parameter | None = None
+        if has_pool_gate:
+            self.index_kpool_compress_ape = nn.Parameter(torch.empty(self.kpool, dim))
+            self.index_kpool_compress_gate = nn.Parameter(torch.empty(dim, hidden_size))
 
     def select(
         self,
@@ -49,13 +65,18 @@ class Indexer(nn.Module):
         rows: list[IndexerRows],
         metadata: AttentionMetadata,
         backend: KernelBackend,
+        cos_sin: torch.Tensor | None = None,
     ) -> Selections:
         """Fold the step's tokens into the indexer cache, then each query's selected positions
-        (one ``(query tokens, width)`` tensor per sequence, ``-1`` = none)."""
-        keys = widened(self.k_norm(self.wk(x)))
-        logits = widened(x @ self.index_kpool_compress_gate.t())
-        logits = logits + self.index_kpool_compress_ape.to(logits.dtype)[positions % self.kpool]
-        queries = widened(self.wq_b(q_latent).view(-1, self.num_heads, self.head_dim))
+        (one ``(query tokens, width)`` tensor per sequence, ``-1`` = none). ``cos_sin``: the
+        RoPE table, needed with ``rope_dim``."""
+        keys = self.k_norm(self.wk(x))
+        queries = self.wq_b(q_latent).view(-1, self.num_heads, self.head_dim)
+        if self.rope_dim:
+            assert cos_sin is not None
+            queries, keys = self._rotate(queries, keys, positions, cos_sin, backend)
+        keys, queries = widened(keys), widened(queries)
+        logits = self._pool_logits(x, positions, keys)
         head_weights = widened(self.weights_proj(x)) * self.num_heads**-0.5
         starts = metadata.query_start_loc.tolist()
         selections = []
@@ -76,6 +97,57 @@ class Indexer(nn.Module):
                 )
             )
         return selections
+
+    def _rotate(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        backend: KernelBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        split = [self.rope_dim, self.head_dim - self.rope_dim]
+        q_rope, q_pass = torch.split(queries, split, dim=-1)
+        k_rope, k_pass = torch.split(keys[:, None], split, dim=-1)
+        q_rope, k_rope = backend.apply_rotary(
+            q_rope.contiguous(), k_rope.contiguous(), positions, cos_sin
+        )
+        return torch.cat([q_rope, q_pass], dim=-1), torch.cat([k_rope, k_pass], dim=-1)[:, 0]
+
+    def _pool_logits(
+        self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor
+    ) -> torch.Tensor:
+        """The pooling softmax's logits; zeros without a gate (single-token pools)."""
+        if self.index_kpool_compress_gate is None or self.index_kpool_compress_ape is None:
+            return torch.zeros_like(keys)
+        logits = widened(x @ self.index_kpool_compress_gate.t())
+        return logits + self.index_kpool_compress_ape.to(logits.dtype)[positions % self.kpool]
+
+
+def indexer_rows(
+    cache: tuple[torch.Tensor, ...],
+    state: tuple[torch.Tensor, ...],
+    metadata: AttentionMetadata,
+    kpool: int,
+) -> list[IndexerRows]:
+    """Each sequence's indexer rows: paged when ``cache`` is ``(latent, index_keys)``, else
+    flat in ``state`` ``(index_keys, index_flags)`` at ``metadata.state_slots``."""
+    if len(cache) == 2:
+        if metadata.block_size % kpool:
+            raise ValueError(
+                f"the paged DSA indexer needs a block size that is a multiple of "
+                f"index_kpool ({kpool}), got {metadata.block_size}"
+            )
+        return [
+            IndexerRows.paged(cache[1], table, metadata.block_size, kpool)
+            for table in metadata.block_tables
+        ]
+    if metadata.state_slots is None or len(state) != 2:
+        raise ValueError("a flat DSA indexer needs its state and metadata.state_slots")
+    keys, flags = state
+    return [
+        IndexerRows.flat(keys[slot], flags[slot], kpool) for slot in metadata.state_slots.tolist()
+    ]
 
 
 class DsaAttention(nn.Module):
@@ -129,7 +201,7 @@ class DsaAttention(nn.Module):
         latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x))
         write_latent(latent_cache, latent, metadata.slot_mapping)
         if self.indexer is not None:
-            rows = self._indexer_rows(cache, state, metadata)
+            rows = indexer_rows(cache, state, metadata, self.kpool)
             selections = self.indexer.select(x, q_latent, positions, rows, metadata, self.backend)
         elif shared is not None:
             selections = shared
@@ -152,27 +224,3 @@ class DsaAttention(nn.Module):
         out = self.kv_b_proj.expand(attended)
         projected: torch.Tensor = self.o_proj(out.flatten(1))
         return projected, selections
-
-    def _indexer_rows(
-        self,
-        cache: tuple[torch.Tensor, ...],
-        state: tuple[torch.Tensor, ...],
-        metadata: AttentionMetadata,
-    ) -> list[IndexerRows]:
-        if len(cache) == 2:
-            if metadata.block_size % self.kpool:
-                raise ValueError(
-                    f"the paged DSA indexer needs a block size that is a multiple of "
-                    f"index_kpool ({self.kpool}), got {metadata.block_size}"
-                )
-            return [
-                IndexerRows.paged(cache[1], table, metadata.block_size, self.kpool)
-                for table in metadata.block_tables
-            ]
-        if metadata.state_slots is None or len(state) != 2:
-            raise ValueError("a flat DSA indexer needs its state and metadata.state_slots")
-        keys, flags = state
-        return [
-            IndexerRows.flat(keys[slot], flags[slot], self.kpool)
-            for slot in metadata.state_slots.tolist()
-        ]
