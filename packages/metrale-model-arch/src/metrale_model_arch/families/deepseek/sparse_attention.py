@@ -14,7 +14,11 @@ import torch
 from metrale_config import DsaConfig, MlaConfig, ModelConfig
 from metrale_kernels import AttentionMetadata, KernelBackend
 from metrale_model_arch.families.deepseek.attention import MlaAttention, deinterleave
-from metrale_model_arch.families.glm5_next.dsa_attention import Indexer, indexer_rows
+from metrale_model_arch.families.glm5_next.dsa_attention import (
+    Indexer,
+    attend_selected,
+    indexer_rows,
+)
 from metrale_model_arch.families.latent_attention import write_latent
 
 
@@ -68,18 +72,8 @@ class SparseMlaAttention(MlaAttention):
             cos_sin,
         )
         queries = torch.cat([self.kv_b_proj.absorb(q_nope), q_rope], dim=-1)
-        starts = metadata.query_start_loc.tolist()
-        attended = torch.cat(
-            [
-                self.backend.sparse_latent_attention(
-                    queries[starts[i] : starts[i + 1]],
-                    latent_cache,
-                    metadata.block_tables[i],
-                    selected,
-                    self.scale,
-                )
-                for i, selected in enumerate(selections)
-            ]
+        attended = attend_selected(
+            self.backend, queries, latent_cache, metadata, selections, self.scale
         )
         out = self.kv_b_proj.expand(attended[..., : self.latent_dim])
         projected: torch.Tensor = self.o_proj(out.flatten(1))

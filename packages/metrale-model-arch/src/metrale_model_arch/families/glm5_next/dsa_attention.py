@@ -208,19 +208,34 @@ class DsaAttention(nn.Module):
         else:
             raise ValueError("a shared DSA layer must directly follow a full DSA layer")
         absorbed = self.kv_b_proj.absorb(q)
-        starts = metadata.query_start_loc.tolist()
-        attended = torch.cat(
-            [
-                self.backend.sparse_latent_attention(
-                    absorbed[starts[i] : starts[i + 1]],
-                    latent_cache,
-                    metadata.block_tables[i],
-                    selected,
-                    self.scale,
-                )
-                for i, selected in enumerate(selections)
-            ]
+        attended = attend_selected(
+            self.backend, absorbed, latent_cache, metadata, selections, self.scale
         )
         out = self.kv_b_proj.expand(attended)
         projected: torch.Tensor = self.o_proj(out.flatten(1))
         return projected, selections
+
+
+def attend_selected(
+    backend: KernelBackend,
+    queries: torch.Tensor,
+    latent_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    selections: Selections,
+    scale: float,
+) -> torch.Tensor:
+    """Each sequence's absorbed ``queries`` over the latent rows its selections name
+    (``sparse_latent_attention``), in the step's token order."""
+    starts = metadata.query_start_loc.tolist()
+    return torch.cat(
+        [
+            backend.sparse_latent_attention(
+                queries[starts[i] : starts[i + 1]],
+                latent_cache,
+                metadata.block_tables[i],
+                selected,
+                scale,
+            )
+            for i, selected in enumerate(selections)
+        ]
+    )
